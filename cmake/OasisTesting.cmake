@@ -1,0 +1,19 @@
+# oasis_add_gtest(NAME name SOURCES a.cpp ... [LABELS l1 l2] [LIBS extra...] [TIMEOUT s])
+# One GoogleTest executable (with rapidcheck's GoogleTest integration), discovered by ctest.
+include(GoogleTest)
+find_package(GTest REQUIRED)
+find_package(rapidcheck REQUIRED)
+
+function(oasis_add_gtest)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LABELS;LIBS" ${ARGN})
+  add_executable(${A_NAME} ${A_SOURCES})
+  target_link_libraries(${A_NAME} PRIVATE oasis::oasis oasis_test_support GTest::gtest GTest::gtest_main
+                        rapidcheck rapidcheck_gtest ${A_LIBS})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 600)
+  endif()
+  gtest_discover_tests(${A_NAME}
+    DISCOVERY_TIMEOUT 120
+    PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+    ENVIRONMENT "RC_PARAMS=seed=20261129 max_success=100")
+endfunction()

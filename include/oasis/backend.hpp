@@ -1,0 +1,59 @@
+// oasis/backend.hpp — one API, several backends (float32 data).
+//
+//   Backend::reference  the scalar-generic reference (oasis/attention.hpp, oasis/depth.hpp) in float
+//   Backend::cpu_fast   fused, tiled, OpenMP CPU path (src/cpu/)
+//   Backend::cuda       CUDA kernels (src/cuda/), when built with the toolkit and a device is present
+// A user switches backends by changing one argument; tests are written once, parameterised over
+// available_backends(). Every backend validates its arguments with the same checks as the
+// reference (check_attention_args) and returns the same structures.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "oasis/attention.hpp"
+#include "oasis/depth.hpp"
+
+namespace oasis {
+
+enum class Backend { reference, cpu_fast, cuda };
+
+std::string_view to_string(Backend b);
+Backend parse_backend(std::string_view name);  // "reference" | "cpu_fast" | "cuda"
+
+/// True if the backend is compiled in and usable now (cuda: a device is present).
+bool backend_available(Backend b);
+/// Why backend_available(b) is false ("" when it is available).
+std::string backend_unavailable_reason(Backend b);
+/// Every backend usable in this process, reference first.
+std::vector<Backend> available_backends();
+
+/// Token attention (SPEC §2) on the chosen backend; throws oasis::invalid_argument when the
+/// backend is unavailable or the arguments are invalid.
+AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const Tensor<float>& k,
+                                       const Tensor<float>& v, const AttentionOptions& opt = {});
+
+/// Depth routing of one layer over N tokens (oasis/depth.hpp attn_res_route) on the chosen backend.
+DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,
+                                 const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                 const DepthOptions& opt = {});
+
+namespace detail {
+// Implemented by each backend's translation units (src/cpu/backend_cpu_fast.cpp, src/cuda/ or
+// src/cpu/backend_cuda_absent.cpp). Arguments are already validated by the dispatcher.
+bool cpu_fast_available(std::string* why);
+AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
+                                                const Tensor<float>& v, const AttentionOptions& opt);
+DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
+                                          const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                          const DepthOptions& opt);
+bool cuda_available(std::string* why);
+AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k,
+                                            const Tensor<float>& v, const AttentionOptions& opt);
+DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
+                                      const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                      const DepthOptions& opt);
+}  // namespace detail
+
+}  // namespace oasis

@@ -1,0 +1,126 @@
+// oasis/tensor.hpp — a small dense, row-major (C order) tensor: shape + contiguous storage.
+//
+// Layout conventions used across the library (documented in docs/api.md):
+//   attention q [B, H, Tq, d_h], k/v [B, H_kv, Tk, d_h]; outputs [B, H, Tq, d_v];
+//   per-row statistics (LSE1, p_null) [B, H, Tq]; probabilities [B, H, Tq, Tk];
+//   depth sources [n, N, d] (n candidates, N tokens), depth logits/weights [n, N].
+// C order matches NumPy/PyTorch contiguous tensors, so a user's buffer maps in without copies.
+#pragma once
+
+#include <algorithm>
+#include <initializer_list>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "oasis/error.hpp"
+#include "oasis/scalar.hpp"
+
+namespace oasis {
+
+using Shape = std::vector<index_t>;
+
+inline std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+inline index_t shape_numel(const Shape& s, const char* arg = "shape") {
+  index_t n = 1;
+  for (index_t d : s) {
+    OASIS_REQUIRE(d >= 0, arg, "negative dimension in ", shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+template <class T>
+class Tensor {
+ public:
+  using value_type = T;
+
+  Tensor() = default;
+  explicit Tensor(Shape shape, const T& fill = T(0))
+      : shape_(std::move(shape)), data_(static_cast<std::size_t>(shape_numel(shape_)), fill) {}
+  Tensor(Shape shape, std::vector<T> data) : shape_(std::move(shape)), data_(std::move(data)) {
+    OASIS_REQUIRE(static_cast<index_t>(data_.size()) == shape_numel(shape_), "data",
+                  "has ", data_.size(), " elements but shape ", shape_str(shape_), " needs ",
+                  shape_numel(shape_));
+  }
+
+  const Shape& shape() const noexcept { return shape_; }
+  index_t rank() const noexcept { return static_cast<index_t>(shape_.size()); }
+  index_t dim(index_t i) const { return shape_.at(static_cast<std::size_t>(i)); }
+  index_t size() const noexcept { return static_cast<index_t>(data_.size()); }
+  bool empty() const noexcept { return data_.empty(); }
+
+  T* data() noexcept { return data_.data(); }
+  const T* data() const noexcept { return data_.data(); }
+  std::vector<T>& storage() noexcept { return data_; }
+  const std::vector<T>& storage() const noexcept { return data_; }
+
+  T& operator[](index_t i) { return data_[static_cast<std::size_t>(i)]; }
+  const T& operator[](index_t i) const { return data_[static_cast<std::size_t>(i)]; }
+
+  /// Flat offset of a multi-index (row-major). Unchecked in release builds.
+  template <class... I>
+  index_t offset(I... idx) const {
+    const index_t ix[] = {static_cast<index_t>(idx)...};
+    index_t off = 0;
+    for (std::size_t d = 0; d < sizeof...(I); ++d) off = off * shape_[d] + ix[d];
+    return off;
+  }
+  template <class... I> T& operator()(I... idx) { return data_[static_cast<std::size_t>(offset(idx...))]; }
+  template <class... I> const T& operator()(I... idx) const {
+    return data_[static_cast<std::size_t>(offset(idx...))];
+  }
+
+  /// Pointer to the contiguous sub-tensor selected by fixing the leading indices.
+  template <class... I> T* ptr(I... lead) { return data() + offset_lead(lead...); }
+  template <class... I> const T* ptr(I... lead) const { return data() + offset_lead(lead...); }
+
+  /// Element-wise conversion (e.g. float -> high precision for a reference run).
+  template <class U> Tensor<U> cast() const {
+    Tensor<U> out(shape_);
+    for (index_t i = 0; i < size(); ++i) out[i] = static_cast<U>((*this)[i]);
+    return out;
+  }
+
+  /// Same storage, new shape with the same number of elements.
+  Tensor reshaped(Shape s) const {
+    OASIS_REQUIRE(shape_numel(s) == size(), "shape", "cannot reshape ", shape_str(shape_), " to ",
+                  shape_str(s));
+    return Tensor(std::move(s), data_);
+  }
+
+ private:
+  template <class... I> index_t offset_lead(I... lead) const {
+    const index_t ix[] = {0, static_cast<index_t>(lead)...};
+    index_t off = 0;
+    for (std::size_t d = 0; d < sizeof...(I); ++d) off = off * shape_[d] + ix[d + 1];
+    index_t inner = 1;
+    for (std::size_t d = sizeof...(I); d < shape_.size(); ++d) inner *= shape_[d];
+    return off * inner;
+  }
+
+  Shape shape_;
+  std::vector<T> data_;
+};
+
+/// Require a tensor to have exactly `rank` dimensions; names the argument otherwise.
+template <class T>
+void require_rank(const Tensor<T>& t, index_t rank, const char* arg, const char* layout) {
+  OASIS_REQUIRE(t.rank() == rank, arg, "expected rank ", rank, " ", layout, ", got shape ",
+                shape_str(t.shape()));
+}
+
+/// Require every element to be finite (no NaN, no +-inf); names argument and first bad index.
+template <class T>
+void require_finite(const Tensor<T>& t, const char* arg) {
+  for (index_t i = 0; i < t.size(); ++i)
+    OASIS_REQUIRE(is_finite(t[i]), arg, "non-finite value ", to_double(t[i]), " at flat index ", i);
+}
+
+}  // namespace oasis

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the Debian packages the project needs, when missing. Idempotent; run as root
+# (or with sudo) on Debian 12. The CUDA toolkit is optional and never installed here.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build git
+      libeigen3-dev libboost-dev libmpfr-dev libgmp-dev libomp-dev
+      libgtest-dev libgmock-dev googletest librapidcheck-dev libbenchmark-dev
+      clang libclang-rt-14-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all packages present"
+fi

@@ -1,0 +1,7 @@
+// Explicit instantiation of the core for ::oasis::mpfr50 (see include/oasis/instances.hpp).
+#define OASIS_INSTANTIATING
+#include "oasis/instances.hpp"
+
+#if defined(OASIS_HAVE_MPFR)
+OASIS_CORE_INSTANCES(, ::oasis::mpfr50)
+#endif

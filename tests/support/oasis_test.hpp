@@ -1,0 +1,86 @@
+// tests/support/oasis_test.hpp — shared helpers of the test families.
+//
+//  * reproducible random tensors (generated in double, rounded once to T, so that a float test
+//    and its high-precision reference see exactly the same inputs after .cast<R>());
+//  * comparison against a reference under a per-element bound that reports the count of
+//    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "oasis/tensor.hpp"
+
+namespace oasis::test {
+
+inline std::mt19937_64 make_rng(std::uint64_t salt) { return std::mt19937_64(20261129ULL * 1000003ULL + salt); }
+
+template <class T>
+Tensor<T> randn(Shape shape, std::mt19937_64& rng, double sd = 1.0, double mean = 0.0) {
+  std::normal_distribution<double> nd(mean, sd);
+  Tensor<T> t(std::move(shape));
+  for (index_t i = 0; i < t.size(); ++i) t[i] = static_cast<T>(nd(rng));
+  return t;
+}
+
+template <class T>
+Tensor<T> uniform(Shape shape, std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> ud(lo, hi);
+  Tensor<T> t(std::move(shape));
+  for (index_t i = 0; i < t.size(); ++i) t[i] = static_cast<T>(ud(rng));
+  return t;
+}
+
+/// Multi-index of a flat offset, for messages.
+inline std::string index_str(const Shape& shape, index_t flat) {
+  std::vector<index_t> ix(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    ix[d] = shape[d] ? flat % shape[d] : 0;
+    flat = shape[d] ? flat / shape[d] : 0;
+  }
+  return shape_str(ix);
+}
+
+/// |got_i - ref_i| <= bound(i, ref_i) for every element; reports the first `show` violations.
+template <class T, class R>
+::testing::AssertionResult within_bound(const std::string& name, const Tensor<T>& got, const Tensor<R>& ref,
+                                        const std::function<double(index_t, double)>& bound, int show = 5) {
+  if (got.shape() != ref.shape())
+    return ::testing::AssertionFailure() << name << ": shape " << shape_str(got.shape()) << " vs reference "
+                                         << shape_str(ref.shape());
+  index_t bad = 0;
+  double worst = 0;
+  std::ostringstream os;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]);
+    const double r = static_cast<double>(ref[i]);
+    const double b = bound(i, r);
+    const double err = (std::isinf(g) && std::isinf(r) && (g > 0) == (r > 0)) ? 0.0 : std::abs(g - r);
+    const bool ok = err <= b;  // NaN fails
+    if (b > 0 && std::isfinite(err)) worst = std::max(worst, err / b);
+    if (!ok) {
+      if (bad < show)
+        os << "\n  " << name << index_str(got.shape(), i) << ": got " << g << " ref " << r << " |err| " << err
+           << " bound " << b;
+      ++bad;
+    }
+  }
+  if (bad)
+    return ::testing::AssertionFailure() << name << ": " << bad << " of " << got.size()
+                                         << " elements outside the bound" << os.str();
+  return ::testing::AssertionSuccess() << name << ": worst |err|/bound = " << worst;
+}
+
+/// Bitwise-equal tensors (exact checks: integer-valued inputs, save/load round trips).
+template <class T>
+::testing::AssertionResult exactly_equal(const std::string& name, const Tensor<T>& a, const Tensor<T>& b) {
+  return within_bound<T, T>(name, a, b, [](index_t, double) { return 0.0; });
+}
+
+}  // namespace oasis::test

@@ -16,6 +16,10 @@ struct CheckConfig {
   int instances = 200;            ///< random instances per (scalar, backend); tight cases come on top
   /// Called after each (scalar, backend) run; lets a tool show progress. May be empty.
   std::function<void(const std::string& check, const std::string& scalar, const std::string& backend)> progress;
+  /// Run only this scalar ("mp50", "mpfr50", "double", "float"); empty = every scalar.
+  std::string only_scalar;
+  /// Run only this backend ("reference", "cpu_fast", "cuda"); empty = every available backend.
+  std::string only_backend;
 };
 
 struct CheckResult {
@@ -28,6 +32,18 @@ struct CheckResult {
   double worst_margin = 0;   ///< min over instances of (rhs - lhs) of the inequality, normalised; >= 0 passes
   bool passed = false;
   std::string message;       ///< first failing instance, or a one-line summary
+  /// Rounding allowance of the margin: an instance passes when its normalised margin is
+  /// >= -allowance (derived from the error bounds of the scalar; docs/paper-map.md).
+  double margin_slack = 0;
+  long tight_instances = 0;  ///< of `instances`, those built at the equality case of the bound
+};
+
+/// A plausible wrong implementation that the check must reject (the check's teeth).
+struct Mutant {
+  std::string id;           ///< e.g. "null_logit_left_out_of_lse"
+  std::string description;  ///< one line: what is wrong
+  /// Runs the check's body against the mutant (mp50 and double); every result must fail.
+  std::function<std::vector<CheckResult>(const CheckConfig&)> run;
 };
 
 struct Check {
@@ -35,6 +51,7 @@ struct Check {
   std::string paper_ref;   ///< the statement in the paper
   std::string statement;   ///< one line: what is checked
   std::function<std::vector<CheckResult>(const CheckConfig&)> run;
+  std::vector<Mutant> mutants;  ///< wrong implementations the check rejects (teeth tests)
 };
 
 /// Every check, in paper order.

@@ -1,0 +1,495 @@
+// oasis/model/model.hpp — the Attention-Residual transformer oracle Model<T> (SPEC §2–4).
+//
+// Scalar-generic (float, double, long double, oasis::mp50). Layers: embedding, n_blocks blocks of
+// [attention sublayer, SwiGLU MLP sublayer] each with its own pre-norm, final RMSNorm, LM head.
+// The residual stream is one of (ModelConfig::variant, ::router):
+//
+//   original backbone     x <- x + Attn(RMSNorm(x));  x <- x + MLP(RMSNorm(x))
+//   kimi_full             h_l = sum_{i<l} alpha_{i->l} v_i,  v_0 = embedding, v_i = f_i(h_i) (raw)
+//   kimi_block (S)        sources b_0 = embedding, completed block sums b_n, partial sum b_n^{i-1}
+//   authors_code          cumulative states: candidates [embedding, earlier layer outputs,
+//                         residual + sublayer_out], low-rank query/key router after each sublayer
+//
+// and every depth router couples the psi of earlier attention sublayers (SPEC §3) when the
+// variant has coupling. Tensor names and shapes: parameter_specs() and docs/model.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "oasis/model/config.hpp"
+#include "oasis/model/layers.hpp"
+#include "oasis/model/router.hpp"
+
+namespace oasis::model {
+
+/// How a parameter is initialised (deterministic, seeded; SPEC §4 and the peers' init).
+enum class Init { normal, ones, zeros, theta };
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  Init init;
+};
+
+/// Every parameter of a configuration, in the canonical order (init order, save order).
+inline std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg) {
+  cfg.validate();
+  const index_t d = cfg.d_model, H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), f = cfg.d_ff;
+  const bool coupled = variant_spec(cfg.variant).coupling, res = cfg.attn_res();
+  std::vector<ParamSpec> s;
+  s.push_back({"embed_tokens.weight", {cfg.vocab_size, d}, Init::normal});
+  auto router = [&](const std::string& p) {
+    if (cfg.router == RouterFamily::authors_code) {
+      const index_t r = cfg.authors_width();
+      s.push_back({p + ".q_proj.weight", {r, d}, Init::normal});
+      s.push_back({p + ".k_proj.weight", {r, d}, Init::normal});
+      s.push_back({p + ".recency_bias", {1}, Init::zeros});
+    } else {
+      s.push_back({p + ".query", {d}, Init::zeros});
+      if (cfg.key_norm_gain) s.push_back({p + ".key_norm.weight", {d}, Init::ones});
+    }
+    if (coupled) s.push_back({p + ".theta", {1}, Init::theta});
+  };
+  for (index_t b = 0; b < cfg.n_blocks; ++b) {
+    const std::string L = "layers." + std::to_string(b);
+    if (res && cfg.router != RouterFamily::authors_code) router(L + ".attn_res");
+    s.push_back({L + ".attn_norm.weight", {d}, Init::ones});
+    s.push_back({L + ".attn.q_proj.weight", {H * dh, d}, Init::normal});
+    s.push_back({L + ".attn.k_proj.weight", {Hkv * dh, d}, Init::normal});
+    s.push_back({L + ".attn.v_proj.weight", {Hkv * dh, d}, Init::normal});
+    s.push_back({L + ".attn.o_proj.weight", {d, H * dh}, Init::normal});
+    if (cfg.qk_norm) {
+      s.push_back({L + ".attn.q_norm.weight", {dh}, Init::ones});
+      s.push_back({L + ".attn.k_norm.weight", {dh}, Init::ones});
+    }
+    if (res && cfg.router == RouterFamily::authors_code) router(L + ".attn_res");
+    if (res && cfg.router != RouterFamily::authors_code) router(L + ".mlp_res");
+    s.push_back({L + ".mlp_norm.weight", {d}, Init::ones});
+    s.push_back({L + ".mlp.gate_proj.weight", {f, d}, Init::normal});
+    s.push_back({L + ".mlp.up_proj.weight", {f, d}, Init::normal});
+    s.push_back({L + ".mlp.down_proj.weight", {d, f}, Init::normal});
+    if (res && cfg.router == RouterFamily::authors_code) router(L + ".mlp_res");
+  }
+  if (res && cfg.readout_or_default() == Readout::final_attnres) router("final_res");
+  s.push_back({"norm.weight", {d}, Init::ones});
+  if (!cfg.tie_embeddings) s.push_back({"lm_head.weight", {cfg.vocab_size, d}, Init::normal});
+  return s;
+}
+
+enum class SublayerKind { attention, mlp, readout };
+
+/// What one sublayer (or the final readout router) did, for analysis and tests.
+/// Routing tensors are [n, B, T] over the n candidates (empty without depth routing).
+template <class T>
+struct SublayerTrace {
+  std::string name;                 ///< "layers.{b}.attn", "layers.{b}.mlp", "final_res"
+  SublayerKind kind = SublayerKind::attention;
+  bool has_route = false;           ///< a depth router ran (false for the original backbone)
+  RowNorm token_normalizer = RowNorm::softmax;  ///< attention sublayers
+  RowNorm depth_normalizer = RowNorm::softmax;  ///< routed sublayers
+  bool coupled = false;             ///< psi coupling enabled in this router
+  double beta = 0;                  ///< coupling strength used (0 when not coupled)
+  std::vector<SourceKind> source_kinds;
+  std::vector<std::string> source_names;
+  Tensor<T> g_old, g, psi, dpsi, alpha;  ///< [n, B, T]
+  Tensor<T> alpha_null;             ///< [B, T]
+  /// Kimi: input = routed state h_l feeding the sublayer; authors_code: input = the previous
+  /// routed state and routed = this router's output; readout: routed = the readout state.
+  Tensor<T> input, output, routed;  ///< [B, T, d]
+  Tensor<T> p_null, lse;            ///< [B, H, T] attention sublayers (LSE1 for softmax1)
+  Tensor<T> branch_psi;             ///< [B, T] attention sublayers
+};
+
+struct ForwardOptions {
+  bool trace = false;   ///< fill ForwardResult::trace
+  /// Unit roundoff of the precision whose forward error is bounded (0: off); see docs/model.md.
+  double error_u = 0;
+};
+
+template <class T>
+struct ForwardResult {
+  Tensor<T> logits;                       ///< [B, T, vocab]
+  Tensor<T> state;                        ///< [B, T, d] readout state before the final norm
+  std::vector<SublayerTrace<T>> trace;    ///< per sublayer in order, then the readout router
+  std::vector<double> logit_error;        ///< [B * T] first-order bound on max_v |logit error|
+};
+
+/// Key/value caches (one per attention sublayer) and the position of incremental decoding.
+/// Depth routing is per token, so the depth sources of a step (depth_sources) are all that a
+/// step needs besides the key/value caches; they are kept for inspection.
+template <class T>
+struct DecodeState {
+  index_t batch = 0;
+  index_t length = 0;
+  std::vector<KVCache<T>> kv;
+  std::vector<DepthSource<T>> depth_sources;
+};
+
+template <class T>
+class Model {
+ public:
+  /// Parameters with their shapes, zero-filled (load or initialise them).
+  explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+    for (const ParamSpec& p : parameter_specs(cfg_)) params_.emplace(p.name, Tensor<T>(p.shape));
+  }
+
+  /// Deterministic seeded initialisation: normal weights N(0, init_std^2) drawn in double from
+  /// mt19937_64(seed) in canonical parameter order, rounded once to T; gains 1; pseudo-queries,
+  /// recency 0; theta = theta_init.
+  static Model initialized(const ModelConfig& cfg, std::uint64_t seed) {
+    Model m(cfg);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd(0.0, cfg.init_std);
+    for (const ParamSpec& p : parameter_specs(cfg)) {
+      Tensor<T>& t = m.params_.at(p.name);
+      for (index_t i = 0; i < t.size(); ++i) {
+        switch (p.init) {
+          case Init::normal: t[i] = T(cfg.init_std > 0 ? nd(rng) : 0.0); break;
+          case Init::ones: t[i] = T(1); break;
+          case Init::zeros: t[i] = T(0); break;
+          case Init::theta: t[i] = T(cfg.theta_init); break;
+        }
+      }
+    }
+    return m;
+  }
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::map<std::string, Tensor<T>>& parameters() const { return params_; }
+
+  const Tensor<T>& param(const std::string& name) const {
+    const auto it = params_.find(name);
+    OASIS_REQUIRE(it != params_.end(), name, "no such parameter in this configuration");
+    return it->second;
+  }
+  /// Replace a parameter; the shape must match parameter_specs (error names the tensor).
+  void set_param(const std::string& name, Tensor<T> value) {
+    const auto it = params_.find(name);
+    OASIS_REQUIRE(it != params_.end(), name, "no such parameter in this configuration");
+    OASIS_REQUIRE(value.shape() == it->second.shape(), name, "shape ", shape_str(value.shape()),
+                  " does not match the expected ", shape_str(it->second.shape()));
+    require_finite(value, name.c_str());
+    it->second = std::move(value);
+  }
+
+  /// The same model in another scalar (every parameter converted element-wise).
+  template <class U>
+  Model<U> cast() const {
+    Model<U> m(cfg_);
+    for (const auto& [name, t] : params_) m.set_param(name, t.template cast<U>());
+    return m;
+  }
+
+  /// Full-sequence forward of token ids [B * T] (row-major (b, t)), causal.
+  ForwardResult<T> forward(const std::vector<index_t>& ids, index_t B, index_t Tn, const ForwardOptions& opt = {}) const {
+    DecodeState<T> st = new_state(B);
+    return run(st, embed(ids, B, Tn), B, Tn, opt);
+  }
+  /// Full-sequence forward of input embeddings [B, T, d] (in place of the token embedding).
+  ForwardResult<T> forward_embeddings(const Tensor<T>& x, const ForwardOptions& opt = {}) const {
+    require_rank(x, 3, "x", "[B, T, d]");
+    DecodeState<T> st = new_state(x.dim(0));
+    return run(st, embed_rows(x), x.dim(0), x.dim(1), opt);
+  }
+
+  DecodeState<T> new_state(index_t B) const {
+    OASIS_REQUIRE(B > 0, "B", "batch must be positive, got ", B);
+    DecodeState<T> st;
+    st.batch = B;
+    st.kv.resize(static_cast<std::size_t>(cfg_.n_blocks));
+    return st;
+  }
+
+  /// Rows [B*T, d] of the token embedding; ids must lie in [0, vocab_size).
+  Rows<T> embed(const std::vector<index_t>& ids, index_t B, index_t Tn) const {
+    OASIS_REQUIRE(B > 0 && Tn > 0, "ids", "empty batch or sequence (B = ", B, ", T = ", Tn, ")");
+    OASIS_REQUIRE(static_cast<index_t>(ids.size()) == B * Tn, "ids", "has ", ids.size(), " entries, expected B * T = ", B * Tn);
+    const Tensor<T>& E = param("embed_tokens.weight");
+    const index_t d = cfg_.d_model;
+    Rows<T> x{Tensor<T>({B * Tn, d}), {}};
+    for (index_t r = 0; r < B * Tn; ++r) {
+      const index_t id = ids[static_cast<std::size_t>(r)];
+      OASIS_REQUIRE(id >= 0 && id < cfg_.vocab_size, "ids", "token id ", id, " at position ", r,
+                    " is outside [0, vocab_size = ", cfg_.vocab_size, ")");
+      std::copy(E.ptr(id), E.ptr(id) + d, x.x.ptr(r));
+    }
+    return x;
+  }
+  Rows<T> embed_rows(const Tensor<T>& x) const {
+    require_rank(x, 3, "x", "[B, T, d]");
+    OASIS_REQUIRE(x.dim(0) > 0 && x.dim(1) > 0, "x", "empty batch or sequence in ", shape_str(x.shape()));
+    OASIS_REQUIRE(x.dim(2) == cfg_.d_model, "x", "width ", x.dim(2), " differs from d_model = ", cfg_.d_model);
+    require_finite(x, "x");
+    return Rows<T>{x.reshaped({x.dim(0) * x.dim(1), x.dim(2)}), {}};
+  }
+
+  /// Run Tn new positions of every batch row through the model, extending `st` (incremental
+  /// decoding; a fresh state gives the full forward).
+  ForwardResult<T> run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt) const;
+
+ private:
+  double theta_of(const std::string& router) const {
+    return variant_spec(cfg_.variant).coupling ? to_double(param(router + ".theta")[0]) : cfg_.theta_init;
+  }
+  const Tensor<T>& gain_of(const std::string& router) const {
+    static const Tensor<T> none;
+    return cfg_.key_norm_gain ? param(router + ".key_norm.weight") : none;
+  }
+  AttentionWeights<T> attn_weights(index_t b) const {
+    const std::string L = "layers." + std::to_string(b);
+    return {&param(L + ".attn_norm.weight"), &param(L + ".attn.q_proj.weight"), &param(L + ".attn.k_proj.weight"),
+            &param(L + ".attn.v_proj.weight"), &param(L + ".attn.o_proj.weight"),
+            cfg_.qk_norm ? &param(L + ".attn.q_norm.weight") : nullptr,
+            cfg_.qk_norm ? &param(L + ".attn.k_norm.weight") : nullptr};
+  }
+  MlpWeights<T> mlp_weights(index_t b) const {
+    const std::string L = "layers." + std::to_string(b);
+    return {&param(L + ".mlp_norm.weight"), &param(L + ".mlp.gate_proj.weight"), &param(L + ".mlp.up_proj.weight"),
+            &param(L + ".mlp.down_proj.weight")};
+  }
+
+  ModelConfig cfg_;
+  std::map<std::string, Tensor<T>> params_;
+};
+
+namespace detail {
+
+template <class T> Tensor<T> to_btd(const Tensor<T>& rows, index_t B, index_t Tn) {
+  return rows.reshaped({B, Tn, rows.dim(1)});
+}
+
+template <class T>
+void record_route(SublayerTrace<T>& tr, const RouteResult<T>& r, index_t B, index_t Tn) {
+  const index_t n = r.g_old.dim(0);
+  tr.has_route = true;
+  tr.depth_normalizer = r.options.normalizer;
+  tr.coupled = r.options.coupling;
+  tr.beta = r.options.coupling ? to_double(depth_beta<double>(r.options)) : 0.0;
+  tr.source_kinds = r.kinds;
+  tr.source_names = r.names;
+  tr.g_old = r.g_old.reshaped({n, B, Tn});
+  tr.g = r.route.g.reshaped({n, B, Tn});
+  tr.psi = r.psi.reshaped({n, B, Tn});
+  tr.dpsi = r.route.dpsi.reshaped({n, B, Tn});
+  tr.alpha = r.route.alpha.reshaped({n, B, Tn});
+  tr.alpha_null = r.route.alpha_null.reshaped({B, Tn});
+}
+
+template <class T>
+void record_attention(SublayerTrace<T>& tr, const AttentionSublayer<T>& a, RowNorm norm) {
+  tr.token_normalizer = norm;
+  tr.p_null = a.p_null;
+  tr.lse = a.lse;
+  tr.branch_psi = a.psi;
+}
+
+/// Psi of a sublayer as a depth source [N] from the branch psi [B, T].
+template <class T> Tensor<T> flat_psi(const Tensor<T>& psi) { return psi.reshaped({psi.size()}); }
+
+}  // namespace detail
+
+template <class T>
+ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt) const {
+  OASIS_REQUIRE(st.batch == B && static_cast<index_t>(st.kv.size()) == cfg_.n_blocks, "state",
+                "decode state was made for batch ", st.batch, " but the input has batch ", B);
+  OASIS_REQUIRE(x0.n() == B * Tn && x0.w() == cfg_.d_model, "x", "rows ", shape_str(x0.x.shape()),
+                " are not [B * T, d] = [", B * Tn, ", ", cfg_.d_model, "]");
+  OASIS_REQUIRE(opt.error_u >= 0 && opt.error_u < 1e-2, "error_u", "unit roundoff must lie in [0, 1e-2), got ", opt.error_u);
+  const ErrorModel em{opt.error_u};
+  const index_t N = B * Tn, L = cfg_.n_sublayers(), pos0 = st.length;
+  if (em.on()) x0.e.assign(static_cast<std::size_t>(N), 0.0);  // inputs exact in the bounded precision
+  ForwardResult<T> res;
+  auto attention = [&](const Rows<T>& h, index_t b) {
+    return attention_sublayer(h, B, Tn, pos0, attn_weights(b), cfg_, st.kv[static_cast<std::size_t>(b)], em);
+  };
+  auto trace_io = [&](SublayerTrace<T>& tr, const Rows<T>& in, const Rows<T>& out) {
+    tr.input = detail::to_btd(in.x, B, Tn);
+    tr.output = detail::to_btd(out.x, B, Tn);
+  };
+  Rows<T> state;  // readout state
+
+  if (!cfg_.attn_res()) {
+    // Original backbone: x <- x + f(RMSNorm(x)) for every sublayer.
+    Rows<T> x = std::move(x0);
+    for (index_t b = 0; b < cfg_.n_blocks; ++b) {
+      const std::string L0 = "layers." + std::to_string(b);
+      const AttentionSublayer<T> a = attention(x, b);
+      if (opt.trace) {
+        SublayerTrace<T> tr;
+        tr.name = L0 + ".attn";
+        detail::record_attention(tr, a, cfg_.token_norm());
+        trace_io(tr, x, a.out);
+        res.trace.push_back(std::move(tr));
+      }
+      x = add_rows(x, a.out, em);
+      const Rows<T> m = mlp_sublayer(x, mlp_weights(b), cfg_, em);
+      if (opt.trace) {
+        SublayerTrace<T> tr;
+        tr.name = L0 + ".mlp";
+        tr.kind = SublayerKind::mlp;
+        trace_io(tr, x, m);
+        res.trace.push_back(std::move(tr));
+      }
+      x = add_rows(x, m, em);
+    }
+    state = std::move(x);
+  } else if (cfg_.router == RouterFamily::authors_code) {
+    // Cumulative states: candidates [embedding, earlier layer outputs, residual + sublayer_out].
+    std::vector<DepthSource<T>> hist;
+    hist.push_back({x0, SourceKind::initial, Tensor<T>({N}), std::vector<double>(em.on() ? N : 0, 0.0), "embedding"});
+    Rows<T> x = std::move(x0);
+    for (index_t b = 0; b < cfg_.n_blocks; ++b) {
+      const std::string L0 = "layers." + std::to_string(b);
+      const AttentionSublayer<T> a = attention(x, b);
+      const DepthSource<T> c_sa{add_rows(x, a.out, em), SourceKind::attention, detail::flat_psi(a.psi), a.e_psi,
+                                L0 + ".attn (residual + out)"};
+      std::vector<const DepthSource<T>*> cands;
+      for (const auto& s : hist) cands.push_back(&s);
+      cands.push_back(&c_sa);
+      const std::string R1 = L0 + ".attn_res";
+      RouteResult<T> r1 = authors_route(cands, param(R1 + ".q_proj.weight"), param(R1 + ".k_proj.weight"),
+                                        param(R1 + ".recency_bias")[0], theta_of(R1), cfg_, em);
+      if (opt.trace) {
+        SublayerTrace<T> tr;
+        tr.name = L0 + ".attn";
+        detail::record_attention(tr, a, cfg_.token_norm());
+        detail::record_route(tr, r1, B, Tn);
+        trace_io(tr, x, a.out);
+        tr.routed = detail::to_btd(r1.h.x, B, Tn);
+        res.trace.push_back(std::move(tr));
+      }
+      const Rows<T> m = mlp_sublayer(r1.h, mlp_weights(b), cfg_, em);
+      // The MLP candidate has no heads: it carries the attention psi of its block (inherit) or
+      // no evidence, per the head-less rule.
+      const DepthSource<T> c_mlp{add_rows(r1.h, m, em), SourceKind::headless, detail::flat_psi(a.psi), a.e_psi,
+                                 L0 + ".mlp (residual + out)"};
+      cands.push_back(&c_mlp);
+      const std::string R2 = L0 + ".mlp_res";
+      RouteResult<T> r2 = authors_route(cands, param(R2 + ".q_proj.weight"), param(R2 + ".k_proj.weight"),
+                                        param(R2 + ".recency_bias")[0], theta_of(R2), cfg_, em);
+      if (opt.trace) {
+        SublayerTrace<T> tr;
+        tr.name = L0 + ".mlp";
+        tr.kind = SublayerKind::mlp;
+        detail::record_route(tr, r2, B, Tn);
+        trace_io(tr, r1.h, m);
+        tr.routed = detail::to_btd(r2.h.x, B, Tn);
+        res.trace.push_back(std::move(tr));
+      }
+      x = r2.h;
+      hist.push_back({x, SourceKind::headless, detail::flat_psi(a.psi), a.e_psi, L0 + " output"});
+    }
+    state = std::move(x);
+    st.depth_sources = std::move(hist);
+  } else {
+    // Kimi Full (S = 1) and Block AttnRes: completed sources `done` (v_i, or block sums b_n) and
+    // the partial sum of the current block.
+    const index_t S = cfg_.router == RouterFamily::kimi_full ? 1 : cfg_.block_size;
+    std::vector<DepthSource<T>> done;
+    done.push_back({x0, SourceKind::initial, Tensor<T>({N}), std::vector<double>(em.on() ? N : 0, 0.0), "embedding"});
+    DepthSource<T> partial;
+    Tensor<T> psi_sum, last_psi;  // [N]
+    std::vector<double> e_psi_sum, last_e_psi;
+    index_t n_attn = 0;
+    Rows<T> last_h, last_out;
+    for (index_t l = 0; l < L; ++l) {
+      const index_t b = l / 2, i = l % S;
+      const bool is_attn = l % 2 == 0;
+      const std::string L0 = "layers." + std::to_string(b), R = L0 + (is_attn ? ".attn_res" : ".mlp_res");
+      std::vector<const DepthSource<T>*> cands;
+      for (const auto& s : done) cands.push_back(&s);
+      if (i > 0) cands.push_back(&partial);
+      RouteResult<T> r = kimi_route(cands, param(R + ".query"), gain_of(R), theta_of(R), cfg_, em);
+      SublayerTrace<T> tr;
+      Rows<T> out;
+      if (is_attn) {
+        const AttentionSublayer<T> a = attention(r.h, b);
+        out = a.out;
+        last_psi = detail::flat_psi(a.psi);
+        last_e_psi = a.e_psi;
+        if (opt.trace) detail::record_attention(tr, a, cfg_.token_norm());
+      } else {
+        out = mlp_sublayer(r.h, mlp_weights(b), cfg_, em);
+      }
+      if (opt.trace) {
+        tr.name = L0 + (is_attn ? ".attn" : ".mlp");
+        tr.kind = is_attn ? SublayerKind::attention : SublayerKind::mlp;
+        detail::record_route(tr, r, B, Tn);
+        trace_io(tr, r.h, out);
+        tr.routed = tr.input;
+        res.trace.push_back(std::move(tr));
+      }
+      // Block bookkeeping: b_n^i = b_n^{i-1} + v (partial sum), psi of a block = mean psi of its
+      // attention sublayers; a block without attention (only with odd S) is head-less and
+      // inherits the psi of the attention sublayer of its transformer block.
+      if (i == 0) {
+        partial = DepthSource<T>{out, SourceKind::headless, Tensor<T>({N}), {}, ""};
+        psi_sum = Tensor<T>({N});
+        e_psi_sum.assign(em.on() ? N : 0, 0.0);
+        n_attn = 0;
+      } else {
+        partial.v = add_rows(partial.v, out, em);
+      }
+      if (is_attn) {
+        for (index_t t = 0; t < N; ++t) psi_sum[t] += last_psi[t];
+        for (std::size_t t = 0; t < e_psi_sum.size(); ++t) e_psi_sum[t] += last_e_psi[t];
+        ++n_attn;
+      }
+      if (n_attn > 0) {
+        partial.kind = SourceKind::attention;
+        partial.psi = Tensor<T>({N});
+        for (index_t t = 0; t < N; ++t) partial.psi[t] = psi_sum[t] / T(n_attn);
+        partial.e_psi = e_psi_sum;
+        for (std::size_t t = 0; t < partial.e_psi.size(); ++t)
+          partial.e_psi[t] = e_psi_sum[t] / static_cast<double>(n_attn) +
+                             (n_attn > 1 ? static_cast<double>(n_attn + 1) * em.u * to_double(partial.psi[static_cast<index_t>(t)]) : 0.0);
+      } else {
+        partial.kind = SourceKind::headless;
+        partial.psi = last_psi;
+        partial.e_psi = last_e_psi;
+      }
+      partial.name = S == 1 ? L0 + (is_attn ? ".attn" : ".mlp") : "block " + std::to_string(l / S + 1);
+      if (i == S - 1 || l == L - 1) done.push_back(partial);
+      else partial.name += " (partial)";
+      last_h = std::move(r.h);
+      last_out = std::move(out);
+    }
+    const Readout ro = cfg_.readout_or_default();
+    if (ro == Readout::final_attnres) {
+      std::vector<const DepthSource<T>*> cands;
+      for (const auto& s : done) cands.push_back(&s);
+      RouteResult<T> r = kimi_route(cands, param("final_res.query"), gain_of("final_res"), theta_of("final_res"), cfg_, em);
+      if (opt.trace) {
+        SublayerTrace<T> tr;
+        tr.name = "final_res";
+        tr.kind = SublayerKind::readout;
+        detail::record_route(tr, r, B, Tn);
+        tr.routed = detail::to_btd(r.h.x, B, Tn);
+        res.trace.push_back(std::move(tr));
+      }
+      state = std::move(r.h);
+    } else if (ro == Readout::sum) {
+      // sum_i s_i over all sources, left to right; error rule as repeated add_rows.
+      state = done[0].v;
+      for (std::size_t k = 1; k < done.size(); ++k) state = add_rows(state, done[k].v, em);
+    } else {
+      // The last routed state handed on by a pre-norm block: h_L + v_L.
+      state = add_rows(last_h, last_out, em);
+    }
+    st.depth_sources = std::move(done);
+  }
+
+  const Rows<T> xn = rms_norm(state, param("norm.weight"), KeyNormOptions{cfg_.norm_eps, false}, em);
+  const Rows<T> logits = linear(xn, cfg_.tie_embeddings ? param("embed_tokens.weight") : param("lm_head.weight"), em);
+  res.logits = detail::to_btd(logits.x, B, Tn);
+  res.state = detail::to_btd(state.x, B, Tn);
+  res.logit_error = logits.e;
+  st.length += Tn;
+  return res;
+}
+
+}  // namespace oasis::model

@@ -61,7 +61,11 @@ template <class T, class R>
     const double g = static_cast<double>(got[i]);
     const double r = static_cast<double>(ref[i]);
     const double b = bound(i, r);
-    const double err = (std::isinf(g) && std::isinf(r) && (g > 0) == (r > 0)) ? 0.0 : std::abs(g - r);
+    // the difference is taken in the reference type: rounding both to double first would add
+    // double-precision noise to a long double comparison
+    const double err = (std::isinf(g) && std::isinf(r) && (g > 0) == (r > 0))
+                           ? 0.0
+                           : std::abs(static_cast<double>(static_cast<R>(got[i]) - ref[i]));
     const bool ok = err <= b;  // NaN fails
     if (b > 0 && std::isfinite(err)) worst = std::max(worst, err / b);
     if (!ok) {

@@ -1,0 +1,253 @@
+// oasis/error_bounds.hpp — derived per-element error bounds of the plain reference in T.
+//
+// For a computation in scalar T (unit roundoff u = eps(T)/2) on inputs that are exact in T,
+// these functions return, element by element, a bound on |computed - exact|, where "exact" is
+// the high-precision reference (oasis::mp50) on the *same* inputs. The derivation is in
+// docs/tolerances.md; in short (first-order, standard model fl(a op b) = (a op b)(1 + d),
+// |d| <= u; exp, log, log1p within 1 ulp (<= 2u); sqrt correctly rounded):
+//
+//  row normaliser, term k (real logits and, for softmax1, the null logit), M = max:
+//    a_k   = u (|z_k - M| + 2)             rounding of z_k - M, then exp
+//    D_k   = bound on an error already present in z_k (scores, coupled logits; 0 if exact)
+//    sigma = sum_k p_k (a_k + D_k) + (m' - 1) u      relative error of the normaliser sum
+//    rel(p_j)    <= a_j + D_j + sigma + 2u            (reciprocal, product)
+//    |dLSE|      <= sigma + 2u log S + u |LSE|
+//    p_j also gets the underflow floor 2 * denorm_min(T).
+//  token attention:  D_j = scale u (d_h + 2) sum_c |q_c k_jc| + u |z_j| (dot product, scale),
+//    |dA_c| <= sum_j (rel(p_j) p_j + floor) |v_jc| + m u sum_j p_j |v_jc|.
+//  depth routing: D_i from centring (mean of `count` values), beta = softplus(theta) (6u + u|theta|),
+//    the product and the subtraction, then the normaliser as above, then the mixing as attention.
+//  pseudo-query logits: rel(inv rms) <= (d/2 + 3) u, |dg| <= (rel(inv) + (d + 2) u) sum_c |w_c y_c|.
+// A final factor 1.02 covers the second-order terms (valid while every relative term is < 1e-2,
+// which holds for float and wider at the sizes of this library; see docs/tolerances.md).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "oasis/attention.hpp"
+#include "oasis/depth.hpp"
+
+namespace oasis::bounds {
+
+inline constexpr double kSecondOrder = 1.02;
+
+/// Rounding characteristics of a scalar type.
+struct Precision {
+  double u;        ///< unit roundoff eps/2
+  double p_floor;  ///< absolute floor for probabilities (subnormal underflow): 2 * denorm_min
+  template <class T> static Precision of() {
+    return {static_cast<double>(std::numeric_limits<T>::epsilon()) / 2.0,
+            2.0 * static_cast<double>(std::numeric_limits<T>::denorm_min())};
+  }
+};
+
+/// Bounds of one normalised row.
+struct RowBound {
+  std::vector<double> p;   ///< per real category
+  double p_null = 0;       ///< null probability
+  double lse = 0;          ///< LSE1 / LSE
+  std::vector<double> rel; ///< relative bound of each p_j (used by the output bound)
+};
+
+/// Row normaliser bound. z: logits as computed in T (copied to double), z_err: bound on an
+/// error already present in each z (may be null = 0), s/s_err: the null logit and its error,
+/// p_ref/p_null_ref/lse_ref: exact results (double copies of the high-precision reference).
+inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
+                          double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref) {
+  RowBound b;
+  b.p.assign(static_cast<std::size_t>(m), 0.0);
+  b.rel.assign(static_cast<std::size_t>(m), 0.0);
+  const bool has_null = kind == RowNorm::softmax1;
+  double M = has_null ? s : -std::numeric_limits<double>::infinity();
+  index_t terms = has_null ? 1 : 0;
+  for (index_t j = 0; j < m; ++j) {
+    if (std::isinf(z[j])) continue;  // masked: exactly 0 in every implementation
+    M = std::max(M, z[j]);
+    ++terms;
+  }
+  if (std::isinf(M)) {  // plain softmax, fully masked: documented zero, exact
+    b.lse = 0;
+    return b;
+  }
+  const double u = pr.u;
+  auto a = [&](double x) { return u * (std::abs(x - M) + 2.0); };
+  double sigma = has_null ? p_null_ref * (a(s) + s_err) : 0.0;
+  for (index_t j = 0; j < m; ++j)
+    if (!std::isinf(z[j])) sigma += p_ref[j] * (a(z[j]) + (z_err ? z_err[j] : 0.0));
+  sigma += static_cast<double>(std::max<index_t>(terms - 1, 0)) * u;
+  for (index_t j = 0; j < m; ++j) {
+    if (std::isinf(z[j])) continue;
+    const double rel = kSecondOrder * (a(z[j]) + (z_err ? z_err[j] : 0.0) + sigma + 2.0 * u);
+    b.rel[static_cast<std::size_t>(j)] = rel;
+    b.p[static_cast<std::size_t>(j)] = rel * std::abs(p_ref[j]) + pr.p_floor;
+  }
+  if (has_null) b.p_null = kSecondOrder * (a(s) + s_err + sigma + 2.0 * u) * p_null_ref + pr.p_floor;
+  const double logS = std::max(0.0, lse_ref - M);
+  b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref)) ;
+  return b;
+}
+
+/// Bounds of a token-attention result (shapes as AttentionResult).
+struct AttentionBounds {
+  Tensor<double> out, lse, p_null, probs;
+};
+
+/// Bound on |token_attention<T>(q,k,v,opt) - exact| per element. `ref` is the high-precision
+/// result on the same inputs and MUST have been computed with return_probs = true.
+template <class T, class R>
+AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                 const AttentionOptions& opt, const AttentionResult<R>& ref) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  const Precision pr = Precision::of<T>();
+  const double u = pr.u;
+  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
+  const index_t group = s.H / s.H_kv;
+  AttentionBounds b{Tensor<double>({s.B, s.H, s.Tq, s.d_v}), Tensor<double>({s.B, s.H, s.Tq}),
+                    Tensor<double>({s.B, s.H, s.Tq}), Tensor<double>({s.B, s.H, s.Tq, s.Tk})};
+  std::vector<double> z(static_cast<std::size_t>(s.Tk)), zerr(z.size()), p(z.size());
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t h = 0; h < s.H; ++h) {
+      const index_t hk = h / group;
+      const double sl = opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
+      const double s_err = u * std::abs(sl);  // conversion of the double null logit to T
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const index_t m = visible_keys(s, opt, bb, t);
+        for (index_t j = 0; j < m; ++j) {
+          double dot = 0, absdot = 0;
+          for (index_t c = 0; c < s.d_h; ++c) {
+            const double x = static_cast<double>(q(bb, h, t, c)) * static_cast<double>(k(bb, hk, j, c));
+            dot += x;
+            absdot += std::abs(x);
+          }
+          z[static_cast<std::size_t>(j)] = scale * dot;
+          zerr[static_cast<std::size_t>(j)] = scale * u * (static_cast<double>(s.d_h) + 2.0) * absdot + u * std::abs(scale * dot);
+          p[static_cast<std::size_t>(j)] = static_cast<double>(ref.probs(bb, h, t, j));
+        }
+        const RowBound rb = row_bound(pr, opt.normalizer, z.data(), zerr.data(), m, sl, s_err, p.data(),
+                                      static_cast<double>(ref.p_null(bb, h, t)), static_cast<double>(ref.lse(bb, h, t)));
+        b.lse(bb, h, t) = rb.lse;
+        b.p_null(bb, h, t) = rb.p_null;
+        for (index_t j = 0; j < m; ++j) b.probs(bb, h, t, j) = rb.p[static_cast<std::size_t>(j)];
+        for (index_t c = 0; c < s.d_v; ++c) {
+          double err = 0, mass = 0;
+          for (index_t j = 0; j < m; ++j) {
+            const double av = std::abs(static_cast<double>(v(bb, hk, j, c)));
+            err += rb.p[static_cast<std::size_t>(j)] * av;
+            mass += p[static_cast<std::size_t>(j)] * av;
+          }
+          b.out(bb, h, t, c) = kSecondOrder * (err + static_cast<double>(m) * u * mass) + pr.p_floor;
+        }
+      }
+    }
+  return b;
+}
+
+/// Bounds of a depth-routing result (shapes as DepthRoute).
+struct DepthRouteBounds {
+  Tensor<double> h, alpha, alpha_null, g, dpsi;
+};
+
+/// Bound on |attn_res_route<T>(...) - exact| per element; `ref` is the high-precision result.
+template <class T, class R>
+DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
+                                    const std::vector<SourceKind>& kinds, const DepthOptions& opt,
+                                    const DepthRoute<R>& ref) {
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  const Precision pr = Precision::of<T>();
+  const double u = pr.u;
+  const CouplingOptions& co = opt.coupling_options;
+  // beta = min(softplus(theta), beta_max) in T: exp, log1p, add; theta or beta rounded to T.
+  double beta, beta_err;
+  if (opt.beta) {
+    beta = std::min(*opt.beta, co.beta_max);
+    beta_err = u * beta;
+  } else {
+    const double sp = std::max(opt.theta, 0.0) + std::log1p(std::exp(-std::abs(opt.theta)));
+    beta = std::min(sp, co.beta_max);
+    const double sig = 1.0 / (1.0 + std::exp(-opt.theta));
+    beta_err = sp > co.beta_max ? u * beta : 6.0 * u * sp + u * std::abs(opt.theta) * sig;
+  }
+  index_t count = 0;
+  for (SourceKind kd : kinds) count += has_null_evidence(kd, co.headless) ? 1 : 0;
+  const index_t mean_count = co.centring == Centring::paper_v2 ? count : n;
+  const bool coupled = opt.coupling && (co.centring == Centring::authors_code || count >= 2);
+
+  DepthRouteBounds b{Tensor<double>({N, d}), Tensor<double>({n, N}), Tensor<double>({N}), Tensor<double>({n, N}),
+                     Tensor<double>({n, N})};
+  std::vector<double> g(static_cast<std::size_t>(n)), gerr(g.size()), a(g.size());
+  for (index_t t = 0; t < N; ++t) {
+    double mean_abs = 0;  // |mean| of the centring set (psi >= 0)
+    for (index_t i = 0; i < n; ++i)
+      if (has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless)) mean_abs += std::abs(static_cast<double>(psi(i, t)));
+    mean_abs /= static_cast<double>(std::max<index_t>(mean_count, 1));
+    for (index_t i = 0; i < n; ++i) {
+      const double gi = static_cast<double>(ref.g(i, t));
+      g[static_cast<std::size_t>(i)] = gi;
+      double e = 0;
+      if (coupled) {
+        const double dp = static_cast<double>(ref.dpsi(i, t));
+        const bool in_set = co.centring == Centring::authors_code ||
+                            has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless);
+        // mean: sum of mean_count terms (gamma) + division; then the subtraction.
+        const double dpsi_err = in_set ? u * (std::abs(dp) + (static_cast<double>(mean_count) + 1.0) * mean_abs) : 0.0;
+        b.dpsi(i, t) = kSecondOrder * dpsi_err;
+        e = beta * dpsi_err + std::abs(dp) * beta_err + u * std::abs(beta * dp) + u * std::abs(gi);
+      }
+      gerr[static_cast<std::size_t>(i)] = e;
+      b.g(i, t) = kSecondOrder * e;
+      a[static_cast<std::size_t>(i)] = static_cast<double>(ref.alpha(i, t));
+    }
+    const double lse = [&] {  // exact log-normaliser of the reference weights
+      double mx = opt.normalizer == RowNorm::softmax1 ? 0.0 : -std::numeric_limits<double>::infinity();
+      for (double x : g) mx = std::max(mx, x);
+      double S = opt.normalizer == RowNorm::softmax1 ? std::exp(-mx) : 0.0;
+      for (double x : g) S += std::exp(x - mx);
+      return mx + std::log(S);
+    }();
+    const RowBound rb = row_bound(pr, opt.normalizer, g.data(), gerr.data(), n, 0.0, 0.0, a.data(),
+                                  static_cast<double>(ref.alpha_null[t]), lse);
+    b.alpha_null[t] = rb.p_null;
+    for (index_t i = 0; i < n; ++i) b.alpha(i, t) = rb.p[static_cast<std::size_t>(i)];
+    for (index_t c = 0; c < d; ++c) {
+      double err = 0, mass = 0;
+      for (index_t i = 0; i < n; ++i) {
+        const double av = std::abs(static_cast<double>(sources(i, t, c)));
+        err += rb.p[static_cast<std::size_t>(i)] * av;
+        mass += a[static_cast<std::size_t>(i)] * av;
+      }
+      b.h(t, c) = kSecondOrder * (err + static_cast<double>(n) * u * mass) + pr.p_floor;
+    }
+  }
+  return b;
+}
+
+/// Bound on |pseudo_query_logits<T>(...) - exact| per element (shape [n, N]).
+template <class T>
+Tensor<double> pseudo_query_logits_bounds(const Tensor<T>& sources, const Tensor<T>& w, const Tensor<T>& gain = {},
+                                          const KeyNormOptions& opt = {}) {
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  const double u = opt.compute_in_float32 ? Precision::of<float>().u : Precision::of<T>().u;
+  // compute_in_float32 also rounds the inputs to float: relative u_f per input, absorbed below.
+  const double in_round = opt.compute_in_float32 && !std::is_same_v<T, float> ? 3.0 * u : 0.0;
+  const double rel_inv = (static_cast<double>(d) / 2.0 + 3.0) * u + in_round;
+  Tensor<double> b({n, N});
+  for (index_t i = 0; i < n; ++i)
+    for (index_t t = 0; t < N; ++t) {
+      double ss = 0;
+      for (index_t c = 0; c < d; ++c) ss += static_cast<double>(sources(i, t, c)) * static_cast<double>(sources(i, t, c));
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + opt.eps);
+      double acc = 0;
+      for (index_t c = 0; c < d; ++c)
+        acc += std::abs(static_cast<double>(w[c]) * static_cast<double>(sources(i, t, c)) * inv *
+                        (gain.empty() ? 1.0 : static_cast<double>(gain[c])));
+      b(i, t) = kSecondOrder * (rel_inv + (static_cast<double>(d) + 3.0) * u + in_round) * acc +
+                std::numeric_limits<double>::min();
+    }
+  return b;
+}
+
+}  // namespace oasis::bounds

@@ -1,0 +1,210 @@
+// Token attention (SPEC §2): float/double/long double within the derived bound of the mp50
+// reference over random shapes, masks, GQA; structural identities; bad input.
+#include <gtest/gtest.h>
+
+#include "oasis/error_bounds.hpp"
+#include "oasis/oasis.hpp"
+#include "oasis_test.hpp"
+
+using namespace oasis;
+using R = mp50;
+
+namespace {
+
+struct Config {
+  index_t B, H, H_kv, Tq, Tk, d_h, d_v;
+  bool causal;
+  bool padding;
+  RowNorm norm;
+  bool sinks;
+  double logit_scale;  // multiplies q: larger scores, down to near one-hot rows
+};
+
+std::string name_of(const Config& c) {
+  return "B" + std::to_string(c.B) + "H" + std::to_string(c.H) + "kv" + std::to_string(c.H_kv) + "Tq" +
+         std::to_string(c.Tq) + "Tk" + std::to_string(c.Tk) + "d" + std::to_string(c.d_h) + (c.causal ? "_causal" : "") +
+         (c.padding ? "_pad" : "") + "_" + std::string(to_string(c.norm)) + (c.sinks ? "_sinks" : "");
+}
+
+template <class T>
+void check_config(const Config& c, std::uint64_t seed) {
+  auto rng = oasis::test::make_rng(seed);
+  const Tensor<T> q = oasis::test::randn<T>({c.B, c.H, c.Tq, c.d_h}, rng, c.logit_scale);
+  const Tensor<T> k = oasis::test::randn<T>({c.B, c.H_kv, c.Tk, c.d_h}, rng);
+  const Tensor<T> v = oasis::test::randn<T>({c.B, c.H_kv, c.Tk, c.d_v}, rng);
+  AttentionOptions opt;
+  opt.normalizer = c.norm;
+  opt.causal = c.causal;
+  opt.return_probs = true;
+  if (c.padding) {
+    opt.key_lengths.resize(static_cast<std::size_t>(c.B));
+    for (index_t b = 0; b < c.B; ++b) opt.key_lengths[static_cast<std::size_t>(b)] = static_cast<index_t>(rng() % (c.Tk + 1));
+    opt.key_lengths[0] = 0;  // always one fully masked sequence
+  }
+  if (c.sinks)
+    for (index_t h = 0; h < c.H; ++h) opt.null_logits.push_back(std::ldexp(static_cast<double>(rng() % 513) - 256.0, -5));
+  const AttentionResult<T> got = token_attention(q, k, v, opt);
+  const AttentionResult<R> ref = token_attention(q.template cast<R>(), k.template cast<R>(), v.template cast<R>(), opt);
+  const bounds::AttentionBounds b = bounds::attention_bounds(q, k, v, opt, ref);
+  auto use = [](const Tensor<double>& bt) { return [&bt](index_t i, double) { return bt[i]; }; };
+  EXPECT_TRUE(oasis::test::within_bound("out", got.out, ref.out, use(b.out))) << name_of(c);
+  EXPECT_TRUE(oasis::test::within_bound("lse", got.lse, ref.lse, use(b.lse))) << name_of(c);
+  EXPECT_TRUE(oasis::test::within_bound("p_null", got.p_null, ref.p_null, use(b.p_null))) << name_of(c);
+  EXPECT_TRUE(oasis::test::within_bound("probs", got.probs, ref.probs, use(b.probs))) << name_of(c);
+}
+
+const std::vector<Config> kConfigs = {
+    {1, 1, 1, 1, 1, 1, 1, false, false, RowNorm::softmax1, false, 1.0},
+    {2, 4, 2, 7, 7, 8, 8, true, false, RowNorm::softmax1, false, 1.0},
+    {2, 4, 4, 5, 9, 16, 4, true, true, RowNorm::softmax1, true, 2.0},
+    {3, 6, 2, 9, 4, 8, 8, true, true, RowNorm::softmax, false, 1.0},  // Tq > Tk: fully masked causal rows
+    {2, 2, 1, 6, 6, 32, 16, false, true, RowNorm::softmax, false, 8.0},
+    {1, 8, 1, 12, 12, 64, 64, true, false, RowNorm::softmax1, false, 30.0},  // near one-hot rows
+    {1, 2, 2, 3, 40, 4, 4, false, false, RowNorm::softmax1, true, 100.0},   // |z| in the hundreds
+};
+
+}  // namespace
+
+template <class T>
+class AttentionPrecision : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double, long double>;
+TYPED_TEST_SUITE(AttentionPrecision, Scalars);
+
+TYPED_TEST(AttentionPrecision, WithinDerivedBoundOfHighPrecision) {
+  std::uint64_t seed = 100;
+  for (const Config& c : kConfigs) check_config<TypeParam>(c, seed++);
+}
+
+TEST(Attention, MassScalingOfTheOutput) {
+  // Ã = (1 - p_null) A: Softmax1 attention is softmax attention scaled by the real mass.
+  auto rng = oasis::test::make_rng(3);
+  const Tensor<R> q = oasis::test::randn<double>({2, 3, 5, 4}, rng).cast<R>();
+  const Tensor<R> k = oasis::test::randn<double>({2, 3, 5, 4}, rng).cast<R>();
+  const Tensor<R> v = oasis::test::randn<double>({2, 3, 5, 6}, rng).cast<R>();
+  AttentionOptions o1, o0;
+  o1.causal = o0.causal = true;
+  o0.normalizer = RowNorm::softmax;
+  const auto a1 = token_attention(q, k, v, o1);
+  const auto a0 = token_attention(q, k, v, o0);
+  for (index_t b = 0; b < 2; ++b)
+    for (index_t h = 0; h < 3; ++h)
+      for (index_t t = 0; t < 5; ++t)
+        for (index_t c = 0; c < 6; ++c) {
+          const R diff = a1.out(b, h, t, c) - (1 - a1.p_null(b, h, t)) * a0.out(b, h, t, c);
+          EXPECT_LT(to_double(diff < 0 ? R(-diff) : diff), 1e-45);
+        }
+}
+
+TEST(Attention, GroupedQueryEqualsReplicatedKvHeads) {
+  auto rng = oasis::test::make_rng(4);
+  const Tensor<double> q = oasis::test::randn<double>({1, 6, 4, 8}, rng);
+  const Tensor<double> k = oasis::test::randn<double>({1, 2, 4, 8}, rng);
+  const Tensor<double> v = oasis::test::randn<double>({1, 2, 4, 8}, rng);
+  Tensor<double> k6({1, 6, 4, 8}), v6({1, 6, 4, 8});
+  for (index_t h = 0; h < 6; ++h)
+    for (index_t j = 0; j < 4; ++j)
+      for (index_t c = 0; c < 8; ++c) {
+        k6(0, h, j, c) = k(0, h / 3, j, c);
+        v6(0, h, j, c) = v(0, h / 3, j, c);
+      }
+  AttentionOptions o;
+  o.causal = true;
+  const auto a = token_attention(q, k, v, o);
+  const auto b = token_attention(q, k6, v6, o);
+  EXPECT_TRUE(oasis::test::exactly_equal("out", a.out, b.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("p_null", a.p_null, b.p_null));
+}
+
+TEST(Attention, PaddingEqualsTruncatedKeys) {
+  auto rng = oasis::test::make_rng(5);
+  const Tensor<double> q = oasis::test::randn<double>({1, 2, 3, 4}, rng);
+  const Tensor<double> k = oasis::test::randn<double>({1, 2, 7, 4}, rng);
+  const Tensor<double> v = oasis::test::randn<double>({1, 2, 7, 4}, rng);
+  Tensor<double> k4({1, 2, 4, 4}), v4({1, 2, 4, 4});
+  for (index_t h = 0; h < 2; ++h)
+    for (index_t j = 0; j < 4; ++j)
+      for (index_t c = 0; c < 4; ++c) { k4(0, h, j, c) = k(0, h, j, c); v4(0, h, j, c) = v(0, h, j, c); }
+  AttentionOptions pad;
+  pad.key_lengths = {4};
+  const auto a = token_attention(q, k, v, pad);
+  const auto b = token_attention(q, k4, v4, AttentionOptions{});
+  EXPECT_TRUE(oasis::test::exactly_equal("out", a.out, b.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("lse", a.lse, b.lse));
+}
+
+TEST(Attention, DecodeStepEqualsLastRowOfCausalAttention) {
+  // bottom-right causal alignment: the last query alone against all keys equals the last row.
+  auto rng = oasis::test::make_rng(6);
+  const Tensor<double> q = oasis::test::randn<double>({1, 2, 5, 4}, rng);
+  const Tensor<double> k = oasis::test::randn<double>({1, 2, 5, 4}, rng);
+  const Tensor<double> v = oasis::test::randn<double>({1, 2, 5, 4}, rng);
+  Tensor<double> q1({1, 2, 1, 4});
+  for (index_t h = 0; h < 2; ++h)
+    for (index_t c = 0; c < 4; ++c) q1(0, h, 0, c) = q(0, h, 4, c);
+  AttentionOptions o;
+  o.causal = true;
+  const auto full = token_attention(q, k, v, o);
+  const auto step = token_attention(q1, k, v, o);
+  for (index_t h = 0; h < 2; ++h) {
+    EXPECT_EQ(step.p_null(0, h, 0), full.p_null(0, h, 4));
+    for (index_t c = 0; c < 4; ++c) EXPECT_EQ(step.out(0, h, 0, c), full.out(0, h, 4, c));
+  }
+}
+
+TEST(Attention, FullyMaskedRowsGiveZeroOutputNeverNaN) {
+  auto rng = oasis::test::make_rng(7);
+  const Tensor<float> q = oasis::test::randn<float>({2, 2, 3, 4}, rng);
+  const Tensor<float> k = oasis::test::randn<float>({2, 2, 3, 4}, rng);
+  const Tensor<float> v = oasis::test::randn<float>({2, 2, 3, 4}, rng);
+  for (RowNorm n : {RowNorm::softmax1, RowNorm::softmax}) {
+    AttentionOptions o;
+    o.normalizer = n;
+    o.key_lengths = {0, 3};
+    o.null_logits = n == RowNorm::softmax1 ? std::vector<double>{0.5, -2.0} : std::vector<double>{};
+    const auto a = token_attention(q, k, v, o);
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t t = 0; t < 3; ++t) {
+        for (index_t c = 0; c < 4; ++c) EXPECT_EQ(a.out(0, h, t, c), 0.0f);
+        if (n == RowNorm::softmax1) {
+          EXPECT_EQ(a.p_null(0, h, t), 1.0f);
+          EXPECT_EQ(a.lse(0, h, t), static_cast<float>(o.null_logits[static_cast<std::size_t>(h)]));
+        } else {
+          EXPECT_TRUE(is_neg_inf(a.lse(0, h, t)));
+        }
+      }
+  }
+}
+
+TEST(Attention, BadInputNamesTheArgument) {
+  auto arg_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const oasis::invalid_argument& e) {
+      return e.argument();
+    }
+    return "<no exception>";
+  };
+  const Tensor<double> q({1, 4, 3, 8}), k({1, 2, 3, 8}), v({1, 2, 3, 8});
+  EXPECT_EQ(arg_of([&] { token_attention(q, Tensor<double>({1, 3, 3, 8}), Tensor<double>({1, 3, 3, 8})); }), "k");  // 3 ∤ 4
+  EXPECT_EQ(arg_of([&] { token_attention(q, Tensor<double>({1, 2, 3, 7}), v); }), "k");
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, Tensor<double>({1, 2, 2, 8})); }), "v");
+  EXPECT_EQ(arg_of([&] { token_attention(Tensor<double>({1, 4, 8}), k, v); }), "q");
+  EXPECT_EQ(arg_of([&] { token_attention(Tensor<double>({1, 4, 0, 8}), k, v); }), "q");
+  AttentionOptions o;
+  o.key_lengths = {-1};
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "key_lengths");
+  o.key_lengths = {1, 2};
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "key_lengths");
+  AttentionOptions o2;
+  o2.null_logits = {0.0, 0.0};
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o2); }), "null_logits");
+  Tensor<double> qn = q;
+  qn[5] = std::nan("");
+  EXPECT_EQ(arg_of([&] { token_attention(qn, k, v); }), "q");
+  Tensor<double> vi = v;
+  vi[2] = pos_inf<double>();
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, vi); }), "v");
+  AttentionOptions o3;
+  o3.scale = -1.0;
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o3); }), "scale");
+}

@@ -1,19 +1,332 @@
-// Fast CPU backend entry points. (Issue 7 replaces this with the fused, tiled OpenMP path.)
-#include "oasis/backend.hpp"
+// Fast CPU backend (Backend::cpu_fast, include/oasis/cpu_fast.hpp; issue 7).
+//
+// Token attention: the fused, tiled, online-normalised kernel of fast_kernels_impl.inc, run by
+// OpenMP over (batch, query head, block of kBq queries), most expensive causal blocks first.
+// Keys are packed once per call into [tile][d_h][kBk] panels (the B operand of the score tile
+// product), values into rows padded to a whole number of vectors when d_v needs it; GQA maps
+// query head h to kv head h / (H / H_kv) exactly as the reference.
+// Depth routing: the weights of every token come from the reference's scalar functions
+// (depth_weights: centring, coupling, clamps, normaliser); only the mixing h = sum_i alpha_i s_i,
+// the bandwidth-bound part, is vectorised, in the reference's order and arithmetic.
+// Workspaces are thread_local and grow only (first-touch page faults are paid once).
+#include <omp.h>
 
-namespace oasis::detail {
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "fast_kernels.hpp"
+#include "oasis/backend.hpp"
+#include "oasis/cpu_fast.hpp"
+#include "oasis/instances.hpp"
+
+namespace oasis {
+namespace {
+
+using fast::Kernels;
+using fast::kBk;
+using fast::kBq;
+
+std::vector<const Kernels*> supported_kernels() {
+  std::vector<const Kernels*> out;
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && __builtin_cpu_supports("avx512f")) out.push_back(&fast::kernels_avx512());
+  if (avx2) out.push_back(&fast::kernels_avx2());
+#endif
+  out.push_back(&fast::kernels_generic());
+  return out;
+}
+
+const Kernels* find_kernels(std::string_view name) {
+  for (const Kernels* k : supported_kernels())
+    if (name == k->isa) return k;
+  return nullptr;
+}
+
+const Kernels* initial_kernels() {
+  // OASIS_CPU_FAST_ISA=avx2|generic forces a narrower variant (benchmarks of each variant).
+  if (const char* env = std::getenv("OASIS_CPU_FAST_ISA"))
+    if (const Kernels* k = find_kernels(env)) return k;
+  return supported_kernels().front();
+}
+
+std::atomic<const Kernels*>& active_slot() {
+  static std::atomic<const Kernels*> slot{initial_kernels()};
+  return slot;
+}
+const Kernels& active() { return *active_slot().load(std::memory_order_acquire); }
+
+float* grow(std::vector<float>& b, std::size_t n) {
+  if (b.size() < n) {
+    b.clear();
+    b.shrink_to_fit();
+    b.resize(n);
+  }
+  return b.data();
+}
+
+void ensure_shape(Tensor<float>& t, const Shape& s) {
+  if (t.shape() == s) return;
+  std::vector<float> st = std::move(t.storage());
+  st.resize(static_cast<std::size_t>(shape_numel(s)));
+  t = Tensor<float>(s, std::move(st));
+}
+
+AttentionShape shape_of(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v) {
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
+}
+
+// Arguments already validated (check_attention_args).
+void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                    const AttentionOptions& opt, AttentionResult<float>& r) {
+  const AttentionShape s = shape_of(q, k, v);
+  if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) {
+    // The fused kernel is an online softmax; the other normalisers of the library (the paper's
+    // baselines: clipped softmax, sparse maps) need the whole row, so they run the reference.
+    r = token_attention(q, k, v, opt);
+    return;
+  }
+  const bool has_null = opt.normalizer == RowNorm::softmax1;
+  if (!has_null && opt.masked_row == MaskedRow::error)  // the reference throws on such a row
+    for (index_t b = 0; b < s.B; ++b)
+      for (index_t t = 0; t < s.Tq; ++t)
+        OASIS_REQUIRE(visible_keys(s, opt, b, t) > 0, "scores",
+                      "plain softmax on a fully masked row (no visible key) and MaskedRow::error was requested");
+
+  const Kernels& K = active();
+  const index_t W = K.lanes;
+  const index_t group = s.H / s.H_kv;
+  const index_t nt = (s.Tk + kBk - 1) / kBk;
+  const index_t ldv = (s.d_v + W - 1) / W * W;
+  const bool pack_v = ldv != s.d_v;
+  const index_t BHkv = s.B * s.H_kv;
+  const float scale = opt.scale ? static_cast<float>(*opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
+
+  ensure_shape(r.out, {s.B, s.H, s.Tq, s.d_v});
+  ensure_shape(r.lse, {s.B, s.H, s.Tq});
+  ensure_shape(r.p_null, {s.B, s.H, s.Tq});
+  if (opt.return_probs) ensure_shape(r.probs, {s.B, s.H, s.Tq, s.Tk});
+  else r.probs = Tensor<float>();
+
+  static thread_local std::vector<float> kt_buf, v_buf;
+  static thread_local std::vector<index_t> vis_buf;
+  float* kt = grow(kt_buf, static_cast<std::size_t>(BHkv * nt * s.d_h * kBk));
+  float* vp = pack_v ? grow(v_buf, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
+  if (vis_buf.size() < static_cast<std::size_t>(s.B * s.Tq)) vis_buf.resize(static_cast<std::size_t>(s.B * s.Tq));
+  index_t* vis = vis_buf.data();
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t t = 0; t < s.Tq; ++t) vis[b * s.Tq + t] = visible_keys(s, opt, b, t);
+
+  const float* kd = k.data();
+  const float* vd = v.data();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (index_t bh = 0; bh < BHkv; ++bh)
+    for (index_t tile = 0; tile < nt; ++tile) {
+      float* dst = kt + (bh * nt + tile) * s.d_h * kBk;
+      for (index_t jj = 0; jj < kBk; ++jj) {
+        const index_t j = tile * kBk + jj;
+        const float* src = kd + (bh * s.Tk + j) * s.d_h;
+        for (index_t c = 0; c < s.d_h; ++c) dst[c * kBk + jj] = j < s.Tk ? src[c] : 0.0f;
+      }
+      if (pack_v)
+        for (index_t j = tile * kBk; j < std::min(s.Tk, (tile + 1) * kBk); ++j) {
+          const float* src = vd + (bh * s.Tk + j) * s.d_v;
+          float* row = vp + (bh * s.Tk + j) * ldv;
+          for (index_t c = 0; c < ldv; ++c) row[c] = c < s.d_v ? src[c] : 0.0f;
+        }
+    }
+
+  const index_t nqb = (s.Tq + kBq - 1) / kBq;
+  const index_t tasks = s.B * s.H * nqb;
+#pragma omp parallel
+  {
+    static thread_local std::vector<float> ws;
+    float* w = grow(ws, static_cast<std::size_t>(kBq * kBk + kBq * ldv + 2 * kBq));
+#pragma omp for schedule(dynamic, 1)
+    for (index_t task = 0; task < tasks; ++task) {
+      const index_t qb = nqb - 1 - task % nqb;  // causal: the longest rows first
+      const index_t bhq = task / nqb;
+      const index_t b = bhq / s.H, h = bhq % s.H, hk = h / group;
+      const index_t t0 = qb * kBq;
+      fast::AttnBlock a{};
+      a.rows = std::min(kBq, s.Tq - t0);
+      a.d_h = s.d_h;
+      a.q = q.data() + ((b * s.H + h) * s.Tq + t0) * s.d_h;
+      a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kBk;
+      a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + (b * s.H_kv + hk) * s.Tk * s.d_v;
+      a.ldv = ldv;
+      a.d_v = s.d_v;
+      a.vis = vis + b * s.Tq + t0;
+      a.scale = scale;
+      a.null_logit = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
+      a.has_null = has_null;
+      a.s_ws = w;
+      a.o_ws = w + kBq * kBk;
+      a.m_ws = a.o_ws + kBq * ldv;
+      a.l_ws = a.m_ws + kBq;
+      const index_t row0 = (b * s.H + h) * s.Tq + t0;
+      a.out = r.out.data() + row0 * s.d_v;
+      a.lse = r.lse.data() + row0;
+      a.p_null = r.p_null.data() + row0;
+      a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
+      a.ldp = s.Tk;
+      K.attention_block(a);
+    }
+  }
+}
+
+void route_checks(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                  const std::vector<SourceKind>& kinds) {
+  // the reference's checks (oasis/depth.hpp attn_res_route), in its order; the finiteness of the
+  // sources is checked during the mixing (and reported with the reference's message).
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  require_rank(g_old, 2, "g_old", "[n, N]");
+  require_rank(psi, 2, "psi", "[n, N]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in ", shape_str(sources.shape()));
+  OASIS_REQUIRE(g_old.dim(0) == n && g_old.dim(1) == N, "g_old", "shape ", shape_str(g_old.shape()),
+                " does not match sources [n, N] = [", n, ", ", N, "]");
+  OASIS_REQUIRE(psi.dim(0) == n && psi.dim(1) == N, "psi", "shape ", shape_str(psi.shape()),
+                " does not match sources [n, N] = [", n, ", ", N, "]");
+  OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(),
+                " entries but there are ", n, " sources");
+}
+
+void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
+  route_checks(sources, g_old, psi, kinds);
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  ensure_shape(r.h, {N, d});
+  ensure_shape(r.alpha, {n, N});
+  ensure_shape(r.alpha_null, {N});
+  ensure_shape(r.g, {n, N});
+  ensure_shape(r.dpsi, {n, N});
+
+  // Weights: the reference's scalar functions per token. An error is reported for the first
+  // failing token, as the reference's sequential loop would (non-finite sources take precedence,
+  // as the reference checks them first).
+  std::exception_ptr err;
+  index_t err_t = N;
+#pragma omp parallel
+  {
+    Vec<float> g(n), ps(n);
+#pragma omp for schedule(static)
+    for (index_t t = 0; t < N; ++t) {
+      try {
+        for (index_t i = 0; i < n; ++i) { g[i] = g_old(i, t); ps[i] = psi(i, t); }
+        const DepthWeights<float> w = depth_weights(g, ps, kinds, opt);
+        r.alpha_null[t] = w.alpha_null;
+        for (index_t i = 0; i < n; ++i) {
+          r.alpha(i, t) = w.alpha[i];
+          r.g(i, t) = w.g[i];
+          r.dpsi(i, t) = w.dpsi[i];
+        }
+      } catch (...) {
+#pragma omp critical(oasis_cpu_fast_route_error)
+        if (t < err_t) { err_t = t; err = std::current_exception(); }
+      }
+    }
+  }
+  if (err) {
+    require_finite(sources, "sources");
+    std::rethrow_exception(err);
+  }
+
+  const fast::Kernels& K = active();
+  bool ok = true;
+#pragma omp parallel reduction(&& : ok)
+  {
+    static thread_local std::vector<float> alpha_buf;
+    float* al = grow(alpha_buf, static_cast<std::size_t>(n));
+#pragma omp for schedule(static)
+    for (index_t t = 0; t < N; ++t) {
+      for (index_t i = 0; i < n; ++i) al[i] = r.alpha(i, t);
+      ok = K.mix(sources.data() + t * d, N * d, al, n, d, r.h.data() + t * d) && ok;
+    }
+  }
+  if (!ok) {
+    require_finite(sources, "sources");
+    throw invalid_argument("sources", "non-finite value");  // unreachable: require_finite threw
+  }
+}
+
+}  // namespace
+
+namespace cpu_fast {
+
+std::string_view isa() { return active().isa; }
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  for (const fast::Kernels* k : supported_kernels()) out.emplace_back(k->isa);
+  return out;
+}
+
+void set_isa(std::string_view name) {
+  const fast::Kernels* k = find_kernels(name);
+  if (!k) {
+    std::string list;
+    for (const std::string& s : available_isas()) list += (list.empty() ? "" : ", ") + s;
+    throw invalid_argument("isa", "'" + std::string(name) + "' is not supported on this CPU (available: " + list + ")");
+  }
+  active_slot().store(k, std::memory_order_release);
+}
+
+void vector_exp(const float* x, float* y, index_t n) {
+  OASIS_REQUIRE(n >= 0, "n", "negative length ", n);
+  OASIS_REQUIRE(n == 0 || (x && y), "x", "null pointer");
+  active().exp(x, y, n);
+}
+
+void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                          const AttentionOptions& opt, AttentionResult<float>& r) {
+  check_attention_args(q, k, v, opt);
+  attention_impl(q, k, v, opt, r);
+}
+
+AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                       const AttentionOptions& opt) {
+  AttentionResult<float> r;
+  token_attention_into(q, k, v, opt, r);
+  return r;
+}
+
+void attn_res_route_into(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                         const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
+  route_impl(sources, g_old, psi, kinds, opt, r);
+}
+
+DepthRoute<float> attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                                 const std::vector<SourceKind>& kinds, const DepthOptions& opt) {
+  DepthRoute<float> r;
+  route_impl(sources, g_old, psi, kinds, opt, r);
+  return r;
+}
+
+}  // namespace cpu_fast
+
+namespace detail {
 
 bool cpu_fast_available(std::string* why) {
-  if (why) *why = "the fast CPU path is not part of this build yet";
-  return false;
-}
-AttentionResult<float> cpu_fast_token_attention(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                                const AttentionOptions&) {
-  throw invalid_argument("backend", "cpu_fast is not available in this build");
-}
-DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                                          const std::vector<SourceKind>&, const DepthOptions&) {
-  throw invalid_argument("backend", "cpu_fast is not available in this build");
+  if (why) why->clear();
+  return true;
 }
 
-}  // namespace oasis::detail
+AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
+                                                const Tensor<float>& v, const AttentionOptions& opt) {
+  AttentionResult<float> r;
+  attention_impl(q, k, v, opt, r);  // validated by the dispatcher
+  return r;
+}
+
+DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
+                                          const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                          const DepthOptions& opt) {
+  return cpu_fast::attn_res_route(sources, g_old, psi, kinds, opt);
+}
+
+}  // namespace detail
+}  // namespace oasis

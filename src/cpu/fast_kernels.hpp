@@ -1,0 +1,61 @@
+// src/cpu/fast_kernels.hpp — internal interface of the fast CPU kernels (issue 7).
+//
+// The kernels are written once (fast_kernels_impl.inc) over a GCC/Clang vector type of W float
+// lanes and compiled three times, each under its own target region: avx512 (W = 16), avx2+fma
+// (W = 8) and the x86-64 / portable baseline (W = 4). select_kernels() picks the widest one the
+// CPU supports at run time (cpu_fast::set_isa overrides it, e.g. for tests of every variant).
+// Only this file's own functions are compiled for a wider ISA; every standard or Eigen header is
+// included before a target region starts, so no inline function of a shared header is ever
+// emitted with instructions that another translation unit does not expect.
+#pragma once
+
+#include <cstdint>
+
+namespace oasis::fast {
+
+using idx = std::int64_t;
+
+inline constexpr idx kBk = 64;  ///< keys per tile (columns of a score tile)
+inline constexpr idx kBq = 64;  ///< query rows per task
+
+/// One task of the fused attention: `rows` consecutive queries of one (batch, query head).
+struct AttnBlock {
+  const float* q;     ///< first query row; rows are d_h apart
+  idx rows, d_h;
+  const float* kt;    ///< packed key tiles of the kv head: tile t at kt + t*d_h*kBk, layout [d_h][kBk]
+  const float* v;     ///< values [Tk][ldv] (columns >= d_v are zero padding)
+  idx ldv, d_v;
+  const idx* vis;     ///< visible key count of each row (non-decreasing in the row)
+  float scale, null_logit;
+  bool has_null;      ///< softmax1 (null category of logit null_logit) or plain softmax
+  float* s_ws;        ///< workspace rows x kBk (scores, then probabilities of one tile)
+  float* o_ws;        ///< workspace rows x ldv (unnormalised output)
+  float* m_ws;        ///< workspace rows (running maximum)
+  float* l_ws;        ///< workspace rows (running sum, in units of e^{-max})
+  float* out;         ///< rows x d_v
+  float* lse;         ///< rows
+  float* p_null;      ///< rows
+  float* probs;       ///< rows x ldp, or null
+  idx ldp;
+};
+
+struct Kernels {
+  const char* isa;
+  int lanes;
+  /// y_i = e^{x_i} (vectorised polynomial exp; see docs/benchmarks.md for its error).
+  void (*exp)(const float* x, float* y, idx n);
+  /// The fused online-normalised attention of one block.
+  void (*attention_block)(const AttnBlock& a);
+  /// h[c] = sum_{i<n} alpha[i] * src[i*stride + c] for c < d, summed in the order i = 0..n-1 with
+  /// a separate multiply and add (bitwise the reference's arithmetic). Returns false if a source
+  /// element is not finite.
+  bool (*mix)(const float* src, idx stride, const float* alpha, idx n, idx d, float* h);
+};
+
+const Kernels& kernels_generic();
+#if defined(__x86_64__) || defined(_M_X64)
+const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+#endif
+
+}  // namespace oasis::fast

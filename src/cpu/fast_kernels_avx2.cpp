@@ -1,0 +1,35 @@
+// src/cpu/fast_kernels_avx2.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx2.
+// The target region starts after every include; see fast_kernels.hpp.
+#include "fast_kernels.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace oasis::fast::avx2_impl {
+constexpr int W = 8;
+typedef float V __attribute__((vector_size(32)));
+typedef int VI __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+constexpr int MR = 4, NC = 2;
+#define ISA_NAME "avx2"
+#include "fast_kernels_impl.inc"
+#undef ISA_NAME
+}  // namespace oasis::fast::avx2_impl
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace oasis::fast {
+const Kernels& kernels_avx2() { return avx2_impl::table; }
+}  // namespace oasis::fast
+#endif

@@ -1,0 +1,35 @@
+// src/cpu/fast_kernels_avx512.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx512.
+// The target region starts after every include; see fast_kernels.hpp.
+#include "fast_kernels.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+#endif
+
+namespace oasis::fast::avx512_impl {
+constexpr int W = 16;
+typedef float V __attribute__((vector_size(64)));
+typedef int VI __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+constexpr int MR = 4, NC = 4;
+#define ISA_NAME "avx512"
+#include "fast_kernels_impl.inc"
+#undef ISA_NAME
+}  // namespace oasis::fast::avx512_impl
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace oasis::fast {
+const Kernels& kernels_avx512() { return avx512_impl::table; }
+}  // namespace oasis::fast
+#endif

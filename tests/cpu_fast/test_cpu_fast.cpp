@@ -1,0 +1,338 @@
+// Fast CPU path (issue 7): parity of the fused attention with the mp50 oracle under the
+// criterion of parity_bound.hpp, for every instruction-set variant this CPU runs; depth routing
+// bitwise equal to the reference; the vectorised exp within its documented error; identical
+// validation messages; workspace reuse of the *_into API.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+#include "oasis/backend.hpp"
+#include "oasis/cpu_fast.hpp"
+#include "oasis/oasis.hpp"
+#include "oasis_test.hpp"
+#include "parity_bound.hpp"
+
+using namespace oasis;
+using R = mp50;
+
+namespace {
+
+// Restores the automatically selected variant after a test that forces one.
+struct IsaGuard {
+  std::string saved{cpu_fast::isa()};
+  ~IsaGuard() { cpu_fast::set_isa(saved); }
+};
+
+struct Case {
+  const char* name;
+  index_t B, H, H_kv, Tq, Tk, d_h, d_v;
+  RowNorm norm;
+  bool causal;
+  std::vector<index_t> key_lengths;
+  bool sinks;          // per-head null logits
+  double q_sd, k_sd;   // input scales (large: extreme logits)
+  bool probs;
+  std::optional<double> scale;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"softmax1_gqa_causal_pad", 2, 4, 2, 37, 150, 16, 24, RowNorm::softmax1, true, {150, 90}, true, 1, 1, true, {}},
+      {"softmax1_multi_tile_d64", 1, 2, 2, 70, 300, 64, 64, RowNorm::softmax1, false, {}, false, 1, 1, false, {}},
+      {"softmax1_causal_d128_gqa4", 1, 4, 1, 66, 130, 128, 128, RowNorm::softmax1, true, {}, true, 1, 1, false, {}},
+      // Tq > Tk, causal: the first Tq - Tk rows see no key (fully masked); batch 1 has no key at all
+      {"softmax1_masked_rows", 2, 2, 2, 80, 50, 8, 5, RowNorm::softmax1, true, {50, 0}, true, 1, 1, true, {}},
+      {"softmax_masked_rows_zero", 2, 2, 1, 80, 50, 8, 5, RowNorm::softmax, true, {50, 0}, false, 1, 1, true, {}},
+      {"softmax_odd_dims", 1, 3, 3, 19, 77, 3, 17, RowNorm::softmax, false, {}, false, 1, 1, true, {}},
+      // |z| up to ~1e4: near one-hot rows, rescaling by e^{m - m'} underflowing to 0
+      {"softmax1_extreme_logits", 1, 2, 1, 40, 200, 16, 16, RowNorm::softmax1, true, {}, true, 50, 50, true, {}},
+      {"softmax_extreme_logits", 1, 2, 2, 40, 200, 16, 16, RowNorm::softmax, false, {170}, false, 50, 50, false, {}},
+      {"softmax1_explicit_scale", 1, 1, 1, 65, 129, 32, 16, RowNorm::softmax1, true, {}, false, 1, 1, true, 0.7},
+  };
+}
+
+struct Inputs {
+  Tensor<float> q, k, v;
+  AttentionOptions opt;
+};
+
+Inputs make_inputs(const Case& c, std::uint64_t seed) {
+  auto rng = oasis::test::make_rng(seed);
+  Inputs in;
+  in.q = oasis::test::randn<float>({c.B, c.H, c.Tq, c.d_h}, rng, c.q_sd);
+  in.k = oasis::test::randn<float>({c.B, c.H_kv, c.Tk, c.d_h}, rng, c.k_sd);
+  in.v = oasis::test::randn<float>({c.B, c.H_kv, c.Tk, c.d_v}, rng);
+  in.opt.normalizer = c.norm;
+  in.opt.causal = c.causal;
+  in.opt.key_lengths = c.key_lengths;
+  in.opt.scale = c.scale;
+  if (c.sinks) {
+    std::normal_distribution<double> nd(0.0, 2.0);
+    for (index_t h = 0; h < c.H; ++h) in.opt.null_logits.push_back(static_cast<double>(static_cast<float>(nd(rng))));
+  }
+  return in;
+}
+
+class Parity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, 7001);
+  AttentionOptions opt = in.opt;
+  opt.return_probs = c.probs;
+  AttentionOptions opt_mp = in.opt;
+  opt_mp.return_probs = true;
+  const AttentionResult<R> mp = token_attention(in.q.cast<R>(), in.k.cast<R>(), in.v.cast<R>(), opt_mp);
+  const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);
+  IsaGuard guard;
+  for (const std::string& isa : cpu_fast::available_isas()) {
+    SCOPED_TRACE("isa " + isa);
+    cpu_fast::set_isa(isa);
+    const AttentionResult<float> fast = cpu_fast::token_attention(in.q, in.k, in.v, opt);
+    ASSERT_EQ(fast.probs.empty(), !c.probs);
+    const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
+    EXPECT_TRUE(o.ok) << c.name << ": " << o.violations << " violations\n" << o.first;
+    RecordProperty("worst_ratio_" + isa, std::to_string(o.worst_ratio));
+
+    // rows without a visible key are exact: out 0, p_null 1 / LSE1 = s (softmax1), LSE -inf (softmax)
+    const AttentionShape s{c.B, c.H, c.H_kv, c.Tq, c.Tk, c.d_h, c.d_v};
+    for (index_t b = 0; b < c.B; ++b)
+      for (index_t h = 0; h < c.H; ++h)
+        for (index_t t = 0; t < c.Tq; ++t) {
+          if (visible_keys(s, opt, b, t) > 0) continue;
+          const float sl = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
+          for (index_t e = 0; e < c.d_v; ++e) ASSERT_EQ(fast.out(b, h, t, e), 0.0f);
+          if (c.norm == RowNorm::softmax1) {
+            ASSERT_EQ(fast.p_null(b, h, t), 1.0f);
+            ASSERT_EQ(fast.lse(b, h, t), sl);
+          } else {
+            ASSERT_EQ(fast.p_null(b, h, t), 0.0f);
+            ASSERT_TRUE(std::isinf(fast.lse(b, h, t)) && fast.lse(b, h, t) < 0);
+          }
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuFast, Parity, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// The criterion has power: a kernel that folded the null category in with a logit off by 1e-3
+// (or twice) would be caught.
+TEST(CpuFastCriterion, RejectsAWrongNullFold) {
+  const Case c = cases()[0];
+  const Inputs in = make_inputs(c, 7002);
+  AttentionOptions opt = in.opt;
+  opt.return_probs = true;
+  const AttentionResult<R> mp = token_attention(in.q.cast<R>(), in.k.cast<R>(), in.v.cast<R>(), opt);
+  const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);
+  AttentionOptions shifted = opt;
+  for (double& s : shifted.null_logits) s += 1e-3;
+  const AttentionResult<float> wrong = cpu_fast::token_attention(in.q, in.k, in.v, shifted);
+  EXPECT_FALSE(fast_parity::check_attention(in.q, in.k, in.v, opt, wrong, ref, mp).ok);
+  AttentionOptions twice = opt;  // e^s counted twice == one null logit s + log 2
+  for (double& s : twice.null_logits) s += std::log(2.0);
+  const AttentionResult<float> doubled = cpu_fast::token_attention(in.q, in.k, in.v, twice);
+  EXPECT_FALSE(fast_parity::check_attention(in.q, in.k, in.v, opt, doubled, ref, mp).ok);
+}
+
+TEST(CpuFastAttention, BackendDispatchIsTheFastPath) {
+  const Inputs in = make_inputs(cases()[0], 7003);
+  ASSERT_TRUE(backend_available(Backend::cpu_fast)) << backend_unavailable_reason(Backend::cpu_fast);
+  const AttentionResult<float> a = token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt);
+  const AttentionResult<float> b = cpu_fast::token_attention(in.q, in.k, in.v, in.opt);
+  EXPECT_TRUE(oasis::test::exactly_equal("out", a.out, b.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("lse", a.lse, b.lse));
+  EXPECT_TRUE(oasis::test::exactly_equal("p_null", a.p_null, b.p_null));
+}
+
+TEST(CpuFastAttention, IntoReusesBuffersAndMatchesFreshResults) {
+  const Inputs x = make_inputs(cases()[0], 7004);
+  const Inputs y = make_inputs(cases()[5], 7005);
+  AttentionResult<float> r;
+  cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);
+  const float* storage = r.out.data();
+  cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);  // same shape: same storage
+  EXPECT_EQ(r.out.data(), storage);
+  EXPECT_TRUE(oasis::test::exactly_equal("out", r.out, cpu_fast::token_attention(x.q, x.k, x.v, x.opt).out));
+  AttentionOptions yo = y.opt;
+  yo.return_probs = true;
+  cpu_fast::token_attention_into(y.q, y.k, y.v, yo, r);  // other shape, probs on
+  const AttentionResult<float> fresh = cpu_fast::token_attention(y.q, y.k, y.v, yo);
+  EXPECT_TRUE(oasis::test::exactly_equal("out", r.out, fresh.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("probs", r.probs, fresh.probs));
+  cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);  // back, probs off
+  EXPECT_TRUE(r.probs.empty());
+}
+
+TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {
+  const Inputs in = make_inputs(cases()[4], 7006);  // plain softmax with fully masked rows
+  AttentionOptions opt = in.opt;
+  opt.masked_row = MaskedRow::error;
+  std::string ref_msg, fast_msg;
+  try { token_attention(in.q, in.k, in.v, opt); } catch (const invalid_argument& e) { ref_msg = e.what(); }
+  try { cpu_fast::token_attention(in.q, in.k, in.v, opt); } catch (const invalid_argument& e) { fast_msg = e.what(); }
+  EXPECT_FALSE(ref_msg.empty());
+  EXPECT_EQ(fast_msg, ref_msg);
+  Tensor<float> bad_q = in.q;
+  bad_q[3] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    cpu_fast::token_attention(bad_q, in.k, in.v, in.opt);
+    ADD_FAILURE() << "NaN in q accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.argument(), "q");
+  }
+}
+
+// vector_exp: relative error against double exp on a strided sweep of every float with a
+// normal result (1 of every 101 consecutive bit patterns, ~21 M points) and exact special values.
+// The subnormal range has an absolute error below the smallest subnormal.
+TEST(CpuFastExp, WithinDocumentedErrorForEveryIsa) {
+  constexpr double kMaxRel = 2.5e-7;  // docs/benchmarks.md: exhaustively measured maximum, below 2.1 ulp
+  IsaGuard guard;
+  std::vector<float> x, y;
+  auto bits_of = [](float f) { std::uint32_t b; std::memcpy(&b, &f, 4); return b; };
+  auto from_bits = [](std::uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; };
+  for (std::uint32_t b = 0; b <= bits_of(88.72f); b += 101) x.push_back(from_bits(b));
+  for (std::uint32_t b = bits_of(-0.0f); b <= bits_of(-87.33f); b += 101) x.push_back(from_bits(b));
+  y.resize(x.size());
+  for (const std::string& isa : cpu_fast::available_isas()) {
+    SCOPED_TRACE("isa " + isa);
+    cpu_fast::set_isa(isa);
+    cpu_fast::vector_exp(x.data(), y.data(), static_cast<index_t>(x.size()));
+    double worst = 0, at = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double e = std::exp(static_cast<double>(x[i]));
+      const double rel = std::abs(static_cast<double>(y[i]) - e) / e;
+      if (rel > worst) { worst = rel; at = x[i]; }
+    }
+    EXPECT_LE(worst, kMaxRel) << "at x = " << at;
+    // subnormal results: absolute error at most one subnormal step
+    for (float v = -87.4f; v > -104.5f; v -= 0.01f) {
+      float out;
+      cpu_fast::vector_exp(&v, &out, 1);
+      ASSERT_LE(std::abs(static_cast<double>(out) - std::exp(static_cast<double>(v))),
+                static_cast<double>(std::numeric_limits<float>::denorm_min())) << "x = " << v;
+    }
+    RecordProperty("exp_max_rel_" + isa, std::to_string(worst));
+    const float special[] = {0.0f, -0.0f, -std::numeric_limits<float>::infinity(), -105.0f, 89.0f,
+                             std::numeric_limits<float>::infinity()};
+    float out[6];
+    cpu_fast::vector_exp(special, out, 6);
+    EXPECT_EQ(out[0], 1.0f);
+    EXPECT_EQ(out[1], 1.0f);
+    EXPECT_EQ(out[2], 0.0f);
+    EXPECT_EQ(out[3], 0.0f);
+    EXPECT_TRUE(std::isinf(out[4]) && out[4] > 0);
+    EXPECT_TRUE(std::isinf(out[5]) && out[5] > 0);
+  }
+}
+
+// ---- depth routing: bitwise the reference ----------------------------------------------------
+
+struct RouteCase {
+  const char* name;
+  index_t n, N, d;
+  std::vector<SourceKind> kinds;
+  DepthOptions opt;
+};
+
+DepthOptions authors() {
+  DepthOptions o;
+  o.coupling_options = CouplingOptions::authors_code();
+  o.beta = 30.0;  // clamped to 10
+  return o;
+}
+DepthOptions plain_softmax() {
+  DepthOptions o;
+  o.normalizer = RowNorm::softmax;
+  o.coupling = false;
+  return o;
+}
+DepthOptions strong_v2() {
+  DepthOptions o;
+  o.beta = 2.0;
+  o.coupling_options.headless = HeadlessRule::no_evidence;
+  return o;
+}
+
+std::vector<RouteCase> route_cases() {
+  using K = SourceKind;
+  return {
+      {"oasis_default", 5, 33, 300, {K::initial, K::attention, K::headless, K::attention, K::headless}, {}},
+      {"authors_clamps", 4, 17, 129, {K::initial, K::attention, K::headless, K::attention}, authors()},
+      {"vanilla_softmax", 6, 9, 37, {K::initial, K::attention, K::headless, K::attention, K::headless, K::attention}, plain_softmax()},
+      {"single_source", 1, 11, 16, {K::initial}, {}},
+      {"no_evidence_rule", 7, 20, 2048, {K::initial, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless}, strong_v2()},
+  };
+}
+
+class RouteParity : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(RouteParity, BitwiseEqualToReferenceForEveryIsa) {
+  const RouteCase& c = GetParam();
+  auto rng = oasis::test::make_rng(8001);
+  const Tensor<float> src = oasis::test::randn<float>({c.n, c.N, c.d}, rng, 3.0);
+  const Tensor<float> g = oasis::test::randn<float>({c.n, c.N}, rng, 20.0);  // reaches the +-50 clamp
+  const Tensor<float> psi = oasis::test::uniform<float>({c.n, c.N}, rng, 0.0, 1.0);
+  const DepthRoute<float> ref = attn_res_route(src, g, psi, c.kinds, c.opt);
+  IsaGuard guard;
+  for (const std::string& isa : cpu_fast::available_isas()) {
+    SCOPED_TRACE("isa " + isa);
+    cpu_fast::set_isa(isa);
+    const DepthRoute<float> f = attn_res_route(Backend::cpu_fast, src, g, psi, c.kinds, c.opt);
+    EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
+    EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
+    EXPECT_TRUE(oasis::test::exactly_equal("alpha_null", f.alpha_null, ref.alpha_null));
+    EXPECT_TRUE(oasis::test::exactly_equal("g", f.g, ref.g));
+    EXPECT_TRUE(oasis::test::exactly_equal("dpsi", f.dpsi, ref.dpsi));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuFast, RouteParity, ::testing::ValuesIn(route_cases()),
+                         [](const ::testing::TestParamInfo<RouteCase>& i) { return std::string(i.param.name); });
+
+std::string route_error(bool fast, const Tensor<float>& src, const Tensor<float>& g, const Tensor<float>& psi,
+                        const std::vector<SourceKind>& kinds) {
+  try {
+    if (fast) cpu_fast::attn_res_route(src, g, psi, kinds, {});
+    else attn_res_route(src, g, psi, kinds, {});
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CpuFastRoute, InvalidInputSameErrorAsReference) {
+  using K = SourceKind;
+  const std::vector<SourceKind> kinds{K::initial, K::attention, K::attention};
+  auto rng = oasis::test::make_rng(8002);
+  Tensor<float> src = oasis::test::randn<float>({3, 8, 40}, rng);
+  Tensor<float> g = oasis::test::randn<float>({3, 8}, rng);
+  Tensor<float> psi = oasis::test::uniform<float>({3, 8}, rng, 0.0, 1.0);
+  Tensor<float> bad_psi = psi;
+  bad_psi(2, 5) = 1.5f;  // not a probability
+  Tensor<float> bad_src = src;
+  bad_src(1, 6, 39) = std::numeric_limits<float>::infinity();
+  Tensor<float> bad_g = g;
+  bad_g(0, 3) = std::numeric_limits<float>::quiet_NaN();
+  const std::pair<const char*, std::array<const Tensor<float>*, 3>> inputs[] = {
+      {"psi", {&src, &g, &bad_psi}}, {"sources", {&bad_src, &g, &psi}},
+      {"sources over psi", {&bad_src, &g, &bad_psi}}, {"g_old", {&src, &bad_g, &psi}}};
+  for (const auto& [what, t] : inputs) {
+    const std::string ref = route_error(false, *t[0], *t[1], *t[2], kinds);
+    EXPECT_FALSE(ref.empty()) << what;
+    EXPECT_EQ(route_error(true, *t[0], *t[1], *t[2], kinds), ref) << what;
+  }
+  EXPECT_EQ(route_error(true, src, g, psi, {K::initial}), route_error(false, src, g, psi, {K::initial}));
+}
+
+TEST(CpuFastIsa, UnknownVariantIsRejected) {
+  EXPECT_THROW(cpu_fast::set_isa("avx9000"), invalid_argument);
+  const std::vector<std::string> isas = cpu_fast::available_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.back(), "generic");
+  EXPECT_EQ(std::string(cpu_fast::isa()), isas.front());
+}
+
+}  // namespace

@@ -1,0 +1,186 @@
+// verify/main.cpp — the oasis-verify command line.
+//
+//   oasis-verify [selfcheck] [--json FILE] [--only ID]... [--instances N] [--seed S] [--quiet]
+//   oasis-verify compare CONFIG [--json FILE] [--show N]
+//   oasis-verify help | --help | <subcommand> --help
+// Exit status: 0 everything passed, 1 a check or a comparison failed, 2 usage or input error
+// (unknown option, unreadable or malformed file, missing tensor, invalid configuration).
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "compare.hpp"
+#include "selfcheck.hpp"
+
+namespace {
+
+constexpr int kOk = 0, kFailed = 1, kUsage = 2;
+
+const char* kMainHelp =
+    "usage: oasis-verify [selfcheck] [options]      run the verification report (default)\n"
+    "       oasis-verify compare CONFIG [options]    check another implementation's tensors\n"
+    "       oasis-verify help [selfcheck|compare]\n"
+    "\n"
+    "Exit status: 0 all passed, 1 a check or comparison failed, 2 usage or input error.\n"
+    "Documentation: docs/verify.md.\n";
+
+const char* kSelfcheckHelp =
+    "usage: oasis-verify [selfcheck] [--json FILE] [--only ID]... [--instances N] [--seed S] [--quiet] [--list]\n"
+    "\n"
+    "Runs the catalogue of the paper's identities and bounds (proofs_checks/) in every scalar and on\n"
+    "every available backend, and the parity of every backend against the mp50 oracle on built-in\n"
+    "attention and depth-routing cases; prints one row per (check, scalar, backend).\n"
+    "  --json FILE      also write the report as JSON\n"
+    "  --only ID        run only this check id (or id prefix, e.g. 'parity'); repeatable\n"
+    "  --instances N    random instances per (check, scalar, backend) (default: the catalogue's)\n"
+    "  --seed S         seed of the random instances (default 20261129)\n"
+    "  --quiet          no progress lines on stderr\n"
+    "  --list           list the check ids and exit\n";
+
+const char* kCompareHelp =
+    "usage: oasis-verify compare CONFIG [--json FILE] [--show N]\n"
+    "\n"
+    "Recomputes an op with the oracle in high precision (mp50) from the inputs another\n"
+    "implementation used, and compares that implementation's outputs element by element under the\n"
+    "policy |x - ref| <= 0.5 ulp_D(ref) + 2 B_plain(D) (D: the output's dtype; docs/verify.md).\n"
+    "CONFIG is a JSON file {\"op\": ..., \"inputs\": ..., \"outputs\": ..., \"options\": {...}} where\n"
+    "inputs/outputs are a .safetensors path or an object {\"name\": \"file.npy\"} (paths relative to\n"
+    "CONFIG), or a .safetensors file holding inputs and outputs with the JSON in its __metadata__\n"
+    "entry \"oasis_config\". Tensors: .npy (<f2, <f4, <f8; bf16 as <u2 in *.bf16.npy) or safetensors\n"
+    "(F16, BF16, F32, F64).\n"
+    "  --json FILE      also write the report as JSON\n"
+    "  --show N         mismatching elements listed per tensor (default 5)\n"
+    "\nOps, tensor names and options:\n";
+
+int usage_error(const std::string& msg, const char* help) {
+  std::cerr << "oasis-verify: " << msg << "\n\n" << help;
+  return kUsage;
+}
+
+bool write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  if (!f) {
+    std::cerr << "oasis-verify: cannot write '" << path << "'\n";
+    return false;
+  }
+  return true;
+}
+
+bool parse_int(const std::string& s, long long lo, long long hi, long long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+int cmd_selfcheck(const std::vector<std::string>& args) {
+  oasis::verify::SelfcheckOptions opt;
+  std::string json;
+  bool quiet = false, list = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= args.size()) return false;
+      *out = args[++i];
+      return true;
+    };
+    std::string v;
+    long long n;
+    if (a == "--help" || a == "-h") { std::cout << kSelfcheckHelp; return kOk; }
+    else if (a == "--json") { if (!value(&json)) return usage_error("--json needs a file name", kSelfcheckHelp); }
+    else if (a == "--only") { if (!value(&v)) return usage_error("--only needs a check id", kSelfcheckHelp); opt.only.push_back(v); }
+    else if (a == "--instances") {
+      if (!value(&v) || !parse_int(v, 1, 1000000, &n)) return usage_error("--instances needs an integer in [1, 1000000]", kSelfcheckHelp);
+      opt.instances = static_cast<int>(n);
+    } else if (a == "--seed") {
+      if (!value(&v) || !parse_int(v, 0, 9223372036854775807LL, &n)) return usage_error("--seed needs a non-negative integer", kSelfcheckHelp);
+      opt.seed = static_cast<std::uint64_t>(n);
+    } else if (a == "--quiet") quiet = true;
+    else if (a == "--list") list = true;
+    else return usage_error("selfcheck: unknown option '" + a + "'", kSelfcheckHelp);
+  }
+  if (list) {
+    for (const auto& id : oasis::verify::selfcheck_ids()) std::cout << id << "\n";
+    return kOk;
+  }
+  if (!quiet)
+    opt.progress = [](int done, int total, const std::string& what) {
+      std::fprintf(stderr, "[%3d/%3d] %s\n", done + (done < total ? 1 : 0), total, what.c_str());
+      std::fflush(stderr);
+    };
+  std::vector<oasis::verify::SelfcheckRow> rows;
+  try {
+    rows = oasis::verify::run_selfcheck(opt);
+  } catch (const std::exception& e) {
+    std::cerr << "oasis-verify: " << e.what() << "\n";
+    return kUsage;
+  }
+  std::cout << oasis::verify::format_selfcheck(rows);
+  if (!json.empty() && !write_text(json, oasis::verify::selfcheck_json(rows))) return kUsage;
+  for (const auto& r : rows)
+    if (!r.passed) return kFailed;
+  return rows.empty() ? kFailed : kOk;
+}
+
+int cmd_compare(const std::vector<std::string>& args) {
+  const std::string help = std::string(kCompareHelp) + oasis::verify::describe_ops();
+  std::string config, json;
+  oasis::verify::CompareOptions opt;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    long long n;
+    if (a == "--help" || a == "-h") { std::cout << help; return kOk; }
+    else if (a == "--json") {
+      if (i + 1 >= args.size()) return usage_error("--json needs a file name", help.c_str());
+      json = args[++i];
+    } else if (a == "--show") {
+      if (i + 1 >= args.size() || !parse_int(args[i + 1], 0, 1000000, &n)) return usage_error("--show needs an integer >= 0", help.c_str());
+      opt.show = static_cast<int>(n);
+      ++i;
+    } else if (!a.empty() && a[0] == '-') {
+      return usage_error("compare: unknown option '" + a + "'", help.c_str());
+    } else if (config.empty()) {
+      config = a;
+    } else {
+      return usage_error("compare: more than one CONFIG given ('" + config + "', '" + a + "')", help.c_str());
+    }
+  }
+  if (config.empty()) return usage_error("compare: missing CONFIG", help.c_str());
+  oasis::verify::CompareReport rep;
+  try {
+    rep = oasis::verify::compare_config_file(config, opt);
+  } catch (const std::exception& e) {
+    std::cerr << "oasis-verify compare: " << e.what() << "\n";
+    return kUsage;
+  }
+  std::cout << oasis::verify::format_report(rep);
+  if (!json.empty() && !write_text(json, oasis::verify::report_json(rep))) return kUsage;
+  return rep.passed ? kOk : kFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || (args[0].size() > 1 && args[0][0] == '-' && args[0] != "--help" && args[0] != "-h"))
+    return cmd_selfcheck(args);
+  const std::string sub = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (sub == "selfcheck") return cmd_selfcheck(rest);
+  if (sub == "compare") return cmd_compare(rest);
+  if (sub == "help" || sub == "--help" || sub == "-h") {
+    if (!rest.empty() && rest[0] == "selfcheck") { std::cout << kSelfcheckHelp; return kOk; }
+    if (!rest.empty() && rest[0] == "compare") return cmd_compare({"--help"});
+    if (!rest.empty()) return usage_error("help: unknown subcommand '" + rest[0] + "'", kMainHelp);
+    std::cout << kMainHelp;
+    return kOk;
+  }
+  return usage_error("unknown subcommand '" + sub + "'", kMainHelp);
+}

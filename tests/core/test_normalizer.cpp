@@ -230,3 +230,24 @@ TEST(NormalizerBound, RejectsNullLeftOutOfLse) {
                                    pref.data(), to_double(ref.p_null), to_double(ref.lse));
   EXPECT_GT(std::abs(wrong.p[2] - pref[2]), 1e6 * b.p[2]);
 }
+
+#if defined(OASIS_HAVE_MPFR)
+// The two high-precision scalars agree: the reference does not depend on one library's exp/log.
+TEST(Normalizer, Mp50AndMpfr50Agree) {
+  auto rng = oasis::test::make_rng(12);
+  std::uniform_real_distribution<double> ud(-50.0, 50.0);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<double> z(static_cast<std::size_t>(1 + rng() % 20));
+    for (auto& x : z) x = ud(rng);
+    const double s = ud(rng);
+    const RowProbs<mp50> a = softmax_null(to_vec<mp50>(z), mp50(s));
+    const RowProbs<mpfr50> b = softmax_null(to_vec<mpfr50>(z), mpfr50(s));
+    for (std::size_t j = 0; j < z.size(); ++j) {
+      const mp50 pa = a.p[static_cast<index_t>(j)];
+      const mp50 pb(b.p[static_cast<index_t>(j)].str(60));
+      EXPECT_LE(to_double(mp_abs(pa - pb)), 1e-40 * to_double(pa) + 1e-300);
+    }
+    EXPECT_LE(to_double(mp_abs(a.lse - mp50(b.lse.str(60)))), 1e-40 * (1 + std::abs(to_double(a.lse))));
+  }
+}
+#endif

@@ -1,0 +1,254 @@
+// src/cuda/attention.cu — fused token attention forward with a null category (SPEC §1–2).
+//
+// One thread block = 4 warps = 16 queries of one (batch, head); each warp owns 4 queries and the
+// block streams the visible keys in tiles of 32 through shared memory (converted to float32 on
+// load, so float16 / bfloat16 inputs are accumulated in float32). Per query the online
+// normalisation keeps (M, S, o):
+//
+//   start       softmax1: M = s, S = 1 (= e^{s - M}), o = 0   -- the null category, folded in
+//                                                                  exactly once per row
+//               softmax:  M = -inf, S = 0, o = 0
+//   per tile    M' = max(M, max_j z_j), c = e^{M - M'},
+//               S  = S c + sum_j e^{z_j - M'},  o = o c + sum_j e^{z_j - M'} v_j,  M = M'
+//   finish      out = o / S, LSE1 = M + log S, p_null = e^{s - M} / S.
+//
+// A row with no visible key keeps the start state: softmax1 gives out 0, p_null 1, LSE1 = s;
+// plain softmax gives the library's documented zero (out 0, LSE -inf, p_null 0). Masked keys
+// form a suffix of the row (padding length, bottom-right causal: j <= t + Tk - Tq), so a tile
+// holds either no visible key of a query (skipped) or a visible prefix.
+// Scores are z = scale * <q, k> with the dot product summed in c order (as the reference) and
+// exp/log are the accurate expf/logf (no fast-math), so the error stays at the reference's level.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "launch.hpp"
+#include "online_softmax.hpp"
+
+namespace oasis::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kQPerWarp = 4;
+constexpr int kBQ = kWarps * kQPerWarp;  // queries per block
+constexpr int kBK = 32;                  // keys per tile (one per lane)
+constexpr unsigned kFull = 0xffffffffu;
+
+template <class In> __device__ __forceinline__ float load(const In* p);
+template <> __device__ __forceinline__ float load<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load<__half>(const __half* p) { return __half2float(*p); }
+template <> __device__ __forceinline__ float load<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+__device__ __forceinline__ int visible_keys(const AttentionLaunch& a, int len, int t) {
+  return row_visible_keys(len, a.causal, t, a.Tq, a.Tk);
+}
+
+template <class In, int D>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaunch a) {
+  static_assert(D % 32 == 0, "head dimension tile must be a multiple of the warp size");
+  constexpr int R = D / 32;  // output columns per lane
+  __shared__ float Qs[kBQ][D];
+  __shared__ float Ks[kBK][D + 1];  // +1: lanes read different rows of the same column
+  __shared__ float Vs[kBK][D];
+
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kBQ;
+  const int hk = h / (a.H / a.H_kv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const In* q = static_cast<const In*>(a.q) + b * a.q_sb + h * a.q_sh;
+  const In* k = static_cast<const In*>(a.k) + b * a.k_sb + hk * a.k_sh;
+  const In* v = static_cast<const In*>(a.v) + b * a.v_sb + hk * a.v_sh;
+
+  for (int e = tid; e < kBQ * D; e += kThreads) {
+    const int r = e / D, c = e % D, t = q0 + r;
+    Qs[r][c] = (t < a.Tq && c < a.d_h) ? load(q + t * a.q_st + c) : 0.0f;
+  }
+
+  const int len = a.key_lengths ? a.key_lengths[b] : a.Tk;
+  const int kmax = visible_keys(a, len, min(q0 + kBQ, a.Tq) - 1);  // visible_keys grows with t
+  const float s_null = a.softmax1 ? (a.null_logits ? a.null_logits[h] : 0.0f) : -INFINITY;
+
+  OnlineRow row[kQPerWarp];
+  float o[kQPerWarp][R];
+  int nvis[kQPerWarp];
+#pragma unroll
+  for (int i = 0; i < kQPerWarp; ++i) {
+    const int t = q0 + warp * kQPerWarp + i;
+    nvis[i] = t < a.Tq ? visible_keys(a, len, t) : 0;
+    row[i] = online_start(a.softmax1, s_null);  // the null category, folded in once per row
+#pragma unroll
+    for (int r = 0; r < R; ++r) o[i][r] = 0.0f;
+  }
+  __syncthreads();
+
+  for (int j0 = 0; j0 < kmax; j0 += kBK) {
+    for (int e = tid; e < kBK * D; e += kThreads) {
+      const int r = e / D, c = e % D, j = j0 + r;
+      Ks[r][c] = (j < kmax && c < a.d_h) ? load(k + static_cast<long long>(j) * a.k_st + c) : 0.0f;
+      Vs[r][c] = (j < kmax && c < a.d_v) ? load(v + static_cast<long long>(j) * a.v_st + c) : 0.0f;
+    }
+    __syncthreads();
+
+    // z_{t,j} = scale * sum_c q_c k_{j,c}, lane = key j0 + lane.
+    float acc[kQPerWarp];
+#pragma unroll
+    for (int i = 0; i < kQPerWarp; ++i) acc[i] = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < D; ++c) {
+      const float kc = Ks[lane][c];
+#pragma unroll
+      for (int i = 0; i < kQPerWarp; ++i) acc[i] = fmaf(Qs[warp * kQPerWarp + i][c], kc, acc[i]);
+    }
+
+    const int j = j0 + lane;
+    float p[kQPerWarp];
+#pragma unroll
+    for (int i = 0; i < kQPerWarp; ++i) {
+      p[i] = 0.0f;
+      if (j0 >= nvis[i]) continue;  // warp-uniform: no visible key of this tile for query i
+      const float z = j < nvis[i] ? acc[i] * a.scale : -INFINITY;
+      const float corr = online_rescale(row[i], warp_max(z));  // tile max finite: key j0 is visible
+      p[i] = j < nvis[i] ? expf(z - row[i].m) : 0.0f;
+      row[i].l += warp_sum(p[i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) o[i][r] *= corr;
+    }
+    // o += sum_j p_j v_j; lane owns columns lane + 32 r. Invisible keys have p = 0 and V = 0.
+    const int jn = min(kBK, kmax - j0);
+    for (int jj = 0; jj < jn; ++jj) {
+      float vr[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) vr[r] = Vs[jj][lane + 32 * r];
+#pragma unroll
+      for (int i = 0; i < kQPerWarp; ++i) {
+        const float pj = __shfl_sync(kFull, p[i], jj);
+#pragma unroll
+        for (int r = 0; r < R; ++r) o[i][r] = fmaf(pj, vr[r], o[i][r]);
+      }
+    }
+    __syncthreads();  // the next tile overwrites Ks, Vs
+  }
+
+#pragma unroll
+  for (int i = 0; i < kQPerWarp; ++i) {
+    const int t = q0 + warp * kQPerWarp + i;
+    if (t >= a.Tq) continue;
+    const RowFinish f = online_finish(row[i], a.softmax1, s_null);
+    float* out = a.out + b * a.o_sb + h * a.o_sh + static_cast<long long>(t) * a.o_st;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int c = lane + 32 * r;
+      if (c < a.d_v) out[c] = o[i][r] * f.inv;
+    }
+    if (lane == 0) {
+      const long long r_out = (static_cast<long long>(b) * a.H + h) * a.Tq + t;
+      a.lse[r_out] = f.lse;
+      a.p_null[r_out] = f.p_null;
+      if (a.row_max) a.row_max[r_out] = row[i].m;
+      if (a.row_sum) a.row_sum[r_out] = row[i].l;
+    }
+  }
+}
+
+/// probs[b, h, t, j] = e^{z_j - M} * (1 / S) for visible j, else 0 (oasis::normalize_row's
+/// formula with the fused kernel's final M and S; z computed exactly as in the fused kernel).
+template <class In>
+__global__ void __launch_bounds__(kThreads) probs_kernel(const AttentionLaunch a, float* probs) {
+  __shared__ float qs[kMaxHeadDim];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (a.H / a.H_kv);
+  const In* q = static_cast<const In*>(a.q) + b * a.q_sb + h * a.q_sh + static_cast<long long>(t) * a.q_st;
+  const In* k = static_cast<const In*>(a.k) + b * a.k_sb + hk * a.k_sh;
+  for (int c = threadIdx.x; c < a.d_h; c += kThreads) qs[c] = load(q + c);
+  __syncthreads();
+  const long long row = (static_cast<long long>(b) * a.H + h) * a.Tq + t;
+  const int n = visible_keys(a, a.key_lengths ? a.key_lengths[b] : a.Tk, t);
+  const float M = a.row_max[row], S = a.row_sum[row];
+  const float inv = S > 0.0f ? 1.0f / S : 0.0f;
+  float* pr = probs + row * a.Tk;
+  for (int j = threadIdx.x; j < a.Tk; j += kThreads) {
+    float p = 0.0f;
+    if (j < n) {
+      const In* kj = k + static_cast<long long>(j) * a.k_st;
+      float acc = 0.0f;
+      for (int c = 0; c < a.d_h; ++c) acc = fmaf(qs[c], load(kj + c), acc);
+      p = expf(acc * a.scale - M) * inv;
+    }
+    pr[j] = p;
+  }
+}
+
+__global__ void null_statistic_kernel(const float* p_null, int B, int H, int T, float* psi) {
+  const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= static_cast<long long>(B) * T) return;
+  const long long b = e / T, t = e % T;
+  float sum = 0.0f;
+  for (int h = 0; h < H; ++h) sum += p_null[(b * H + h) * T + t];
+  psi[e] = sum / static_cast<float>(H);
+}
+
+template <class In>
+int launch_typed(const AttentionLaunch& a, cudaStream_t s) {
+  const dim3 grid((a.Tq + kBQ - 1) / kBQ, a.H, a.B);
+  if (a.d_h <= 64 && a.d_v <= 64)
+    attention_kernel<In, 64><<<grid, kThreads, 0, s>>>(a);
+  else
+    attention_kernel<In, 128><<<grid, kThreads, 0, s>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <class In>
+int launch_probs_typed(const AttentionLaunch& a, float* probs, cudaStream_t s) {
+  probs_kernel<In><<<dim3(a.Tq, a.H, a.B), kThreads, 0, s>>>(a, probs);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int launch_attention(const AttentionLaunch& a, CUstream_st* stream) {
+  if (a.d_h > kMaxHeadDim || a.d_v > kMaxHeadDim) return static_cast<int>(cudaErrorInvalidValue);
+  switch (a.in_type) {
+    case InType::f32: return launch_typed<float>(a, stream);
+    case InType::f16: return launch_typed<__half>(a, stream);
+    case InType::bf16: return launch_typed<__nv_bfloat16>(a, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int launch_attention_probs(const AttentionLaunch& a, float* probs, CUstream_st* stream) {
+  if (a.d_h > kMaxHeadDim || !a.row_max || !a.row_sum) return static_cast<int>(cudaErrorInvalidValue);
+  switch (a.in_type) {
+    case InType::f32: return launch_probs_typed<float>(a, probs, stream);
+    case InType::f16: return launch_probs_typed<__half>(a, probs, stream);
+    case InType::bf16: return launch_probs_typed<__nv_bfloat16>(a, probs, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int launch_null_statistic(const float* p_null, int B, int H, int T, float* psi, CUstream_st* stream) {
+  const long long count = static_cast<long long>(B) * T;
+  const int threads = 256;
+  null_statistic_kernel<<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, stream>>>(
+      p_null, B, H, T, psi);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int probe_kernel_image() {
+  cudaFuncAttributes attr;
+  return static_cast<int>(cudaFuncGetAttributes(&attr, null_statistic_kernel));
+}
+
+}  // namespace oasis::cuda::detail

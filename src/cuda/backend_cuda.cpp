@@ -1,0 +1,367 @@
+// src/cuda/backend_cuda.cpp — host side of the CUDA backend: the entry points of
+// oasis/backend.hpp (detail::cuda_*) and of oasis/cuda.hpp, converting oasis::Tensor<float> to
+// device buffers and launching the kernels of attention.cu and depth.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "device_util.hpp"
+#include "oasis/backend.hpp"
+#include "oasis/cuda.hpp"
+
+namespace oasis {
+namespace cuda {
+namespace detail {
+
+namespace {
+
+struct Availability {
+  bool ok = false;
+  std::string why;
+};
+
+Availability probe() {
+  Availability a;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    a.why = std::string("no usable CUDA device: cudaGetDeviceCount returned ") + cudaGetErrorName(e) + " (" +
+            cudaGetErrorString(e) + ")";
+    cudaGetLastError();  // clear the sticky-free error state
+    return a;
+  }
+  if (count == 0) {
+    a.why = "no CUDA device is present (cudaGetDeviceCount returned 0)";
+    return a;
+  }
+  const int img = probe_kernel_image();
+  if (img != 0) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
+    a.why = std::string("no kernel image for device '") + prop.name + "' (compute capability " +
+            std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+            "); this build targets CUDA architectures " OASIS_CUDA_ARCHS_STRING ": " +
+            cudaGetErrorString(static_cast<cudaError_t>(img));
+    cudaGetLastError();
+    return a;
+  }
+  a.ok = true;
+  return a;
+}
+
+const Availability& availability() {
+  static const Availability a = probe();  // thread-safe, probed once per process
+  return a;
+}
+
+}  // namespace
+
+void require_device() {
+  const Availability& a = availability();
+  OASIS_REQUIRE(a.ok, "backend", "cuda is not available: ", a.why);
+}
+
+}  // namespace detail
+
+bool available(std::string* why) {
+  const detail::Availability& a = detail::availability();
+  if (why) *why = a.why;
+  return a.ok;
+}
+
+// --- 16-bit storage --------------------------------------------------------------------------------
+
+std::string_view to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+DType parse_dtype(std::string_view name) {
+  if (name == "f32") return DType::f32;
+  if (name == "f16") return DType::f16;
+  if (name == "bf16") return DType::bf16;
+  throw invalid_argument("dtype", "unknown element type '" + std::string(name) + "' (expected f32, f16 or bf16)");
+}
+
+std::uint16_t round_to_bits(float x, DType dtype) {
+  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
+  if (dtype == DType::f16) {
+    const __half_raw r = __float2half_rn(x);
+    return r.x;
+  }
+  const __nv_bfloat16_raw r = __float2bfloat16_rn(x);
+  return r.x;
+}
+
+float widen_bits(std::uint16_t bits, DType dtype) {
+  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
+  if (dtype == DType::f16) {
+    __half_raw r;
+    r.x = bits;
+    return __half2float(__half(r));
+  }
+  // bfloat16 is the upper half of a float32: widening is a shift.
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+Tensor16 round_to(const Tensor<float>& x, DType dtype) {
+  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
+  Tensor16 t{dtype, x.shape(), std::vector<std::uint16_t>(static_cast<std::size_t>(x.size()))};
+  for (index_t i = 0; i < x.size(); ++i) t.bits[static_cast<std::size_t>(i)] = round_to_bits(x[i], dtype);
+  return t;
+}
+
+Tensor<float> widen(const Tensor16& x) {
+  OASIS_REQUIRE(x.dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
+  OASIS_REQUIRE(static_cast<index_t>(x.bits.size()) == shape_numel(x.shape), "bits", "has ", x.bits.size(),
+                " elements but shape ", shape_str(x.shape), " needs ", shape_numel(x.shape));
+  Tensor<float> t(x.shape);
+  for (index_t i = 0; i < t.size(); ++i) t[i] = widen_bits(x.bits[static_cast<std::size_t>(i)], x.dtype);
+  return t;
+}
+
+// --- attention -------------------------------------------------------------------------------------
+
+namespace detail {
+namespace {
+
+/// The CUDA backend's limits on top of check_attention_args (shared by every entry point).
+void check_cuda_attention_limits(const AttentionShape& s, RowNorm normalizer) {
+  require_cuda_normalizer(normalizer, "normalizer");
+  OASIS_REQUIRE(s.d_h <= kMaxHeadDim, "q", "head size d_h = ", s.d_h, " is not supported by the CUDA backend (at most ",
+                kMaxHeadDim, "; tiled for 64 and 128)");
+  OASIS_REQUIRE(s.d_v <= kMaxHeadDim, "v", "value head size d_v = ", s.d_v,
+                " is not supported by the CUDA backend (at most ", kMaxHeadDim, ")");
+  require_int(s.B, "q", "batch B", 65535);
+  require_int(s.H, "q", "heads H", 65535);
+  require_int(s.Tq, "q", "queries Tq");
+  require_int(s.Tk, "k", "keys Tk");
+  require_int(s.B * s.H * s.Tq, "q", "rows B * H * Tq");
+}
+
+/// Plain softmax with MaskedRow::error must throw on a row without visible keys, as the reference
+/// does (argument "scores"); checked on the host before any launch.
+void check_masked_rows(const AttentionShape& s, const AttentionOptions& opt) {
+  if (opt.normalizer != RowNorm::softmax || opt.masked_row != MaskedRow::error) return;
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t t = 0; t < s.Tq; ++t)
+      OASIS_REQUIRE(visible_keys(s, opt, b, t) > 0, "scores", "plain softmax on a fully masked row (batch ", b,
+                    ", query ", t, ", no visible key) and MaskedRow::error was requested");
+}
+
+float attention_scale(const AttentionShape& s, const std::optional<double>& scale) {
+  // As the reference in T = float: T(*scale) or T(1) / sqrt(T(d_h)).
+  return scale ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
+}
+
+AttentionLaunch contiguous_launch(InType type, const void* q, const void* k, const void* v, const AttentionShape& s) {
+  AttentionLaunch a;
+  a.in_type = type;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.B = static_cast<int>(s.B);
+  a.H = static_cast<int>(s.H);
+  a.H_kv = static_cast<int>(s.H_kv);
+  a.Tq = static_cast<int>(s.Tq);
+  a.Tk = static_cast<int>(s.Tk);
+  a.d_h = static_cast<int>(s.d_h);
+  a.d_v = static_cast<int>(s.d_v);
+  a.q_st = s.d_h; a.q_sh = s.Tq * s.d_h; a.q_sb = s.H * s.Tq * s.d_h;
+  a.k_st = s.d_h; a.k_sh = s.Tk * s.d_h; a.k_sb = s.H_kv * s.Tk * s.d_h;
+  a.v_st = s.d_v; a.v_sh = s.Tk * s.d_v; a.v_sb = s.H_kv * s.Tk * s.d_v;
+  a.o_st = s.d_v; a.o_sh = s.Tq * s.d_v; a.o_sb = s.H * s.Tq * s.d_v;
+  return a;
+}
+
+/// Runs validated attention from host buffers of element size `elem` (already in device layout).
+AttentionResult<float> run_attention(InType type, const void* q, const void* k, const void* v, std::size_t elem,
+                                     const AttentionShape& s, const AttentionOptions& opt) {
+  const std::size_t nq = static_cast<std::size_t>(s.B * s.H * s.Tq * s.d_h);
+  const std::size_t nk = static_cast<std::size_t>(s.B * s.H_kv * s.Tk * s.d_h);
+  const std::size_t nv = static_cast<std::size_t>(s.B * s.H_kv * s.Tk * s.d_v);
+  const std::size_t rows = static_cast<std::size_t>(s.B * s.H * s.Tq);
+  DeviceBuffer<unsigned char> dq(nq * elem), dk(nk * elem), dv(nv * elem);
+  dq.upload(static_cast<const unsigned char*>(q));
+  dk.upload(static_cast<const unsigned char*>(k));
+  dv.upload(static_cast<const unsigned char*>(v));
+  std::vector<float> nulls(opt.null_logits.begin(), opt.null_logits.end());  // T(s) with T = float
+  std::vector<int> lens(opt.key_lengths.begin(), opt.key_lengths.end());
+  DeviceBuffer<float> dnull = to_device(nulls);
+  DeviceBuffer<int> dlen = to_device(lens);
+  DeviceBuffer<float> dout(rows * static_cast<std::size_t>(s.d_v)), dlse(rows), dpn(rows);
+  DeviceBuffer<float> dmax(opt.return_probs ? rows : 0), dsum(opt.return_probs ? rows : 0);
+
+  AttentionLaunch a = contiguous_launch(type, dq.get(), dk.get(), dv.get(), s);
+  a.softmax1 = opt.normalizer == RowNorm::softmax1;
+  a.null_logits = nulls.empty() ? nullptr : dnull.get();
+  a.causal = opt.causal;
+  a.key_lengths = lens.empty() ? nullptr : dlen.get();
+  a.scale = attention_scale(s, opt.scale);
+  a.out = dout.get();
+  a.lse = dlse.get();
+  a.p_null = dpn.get();
+  a.row_max = dmax.get();
+  a.row_sum = dsum.get();
+  check(launch_attention(a, nullptr), "fused attention launch");
+
+  AttentionResult<float> r;
+  r.out = Tensor<float>({s.B, s.H, s.Tq, s.d_v});
+  r.lse = Tensor<float>({s.B, s.H, s.Tq});
+  r.p_null = Tensor<float>({s.B, s.H, s.Tq});
+  if (opt.return_probs) {
+    r.probs = Tensor<float>({s.B, s.H, s.Tq, s.Tk});
+    DeviceBuffer<float> dprobs(static_cast<std::size_t>(r.probs.size()));
+    check(launch_attention_probs(a, dprobs.get(), nullptr), "attention probabilities launch");
+    dprobs.download(r.probs.data());
+  }
+  dout.download(r.out.data());
+  dlse.download(r.lse.data());
+  dpn.download(r.p_null.data());
+  check(cudaDeviceSynchronize(), "attention kernels");
+  return r;
+}
+
+InType in_type(DType t) {
+  switch (t) {
+    case DType::f32: return InType::f32;
+    case DType::f16: return InType::f16;
+    case DType::bf16: return InType::bf16;
+  }
+  return InType::f32;
+}
+
+}  // namespace
+}  // namespace detail
+
+AttentionResult<float> token_attention(const Tensor16& q, const Tensor16& k, const Tensor16& v,
+                                       const AttentionOptions& opt) {
+  OASIS_REQUIRE(q.dtype != DType::f32, "q", "dtype f32 is not a 16-bit type (use oasis::token_attention(Backend::cuda, ...))");
+  OASIS_REQUIRE(k.dtype == q.dtype, "k", "dtype ", to_string(k.dtype), " differs from q's ", to_string(q.dtype));
+  OASIS_REQUIRE(v.dtype == q.dtype, "v", "dtype ", to_string(v.dtype), " differs from q's ", to_string(q.dtype));
+  // Validate on the exact float32 widening: same checks (shapes, finiteness) as the reference.
+  const Tensor<float> qf = widen(q), kf = widen(k), vf = widen(v);
+  const AttentionShape s = check_attention_args(qf, kf, vf, opt);
+  detail::check_cuda_attention_limits(s, opt.normalizer);
+  detail::check_masked_rows(s, opt);
+  detail::require_device();
+  return detail::run_attention(detail::in_type(q.dtype), q.bits.data(), k.bits.data(), v.bits.data(),
+                               sizeof(std::uint16_t), s, opt);
+}
+
+void token_attention_device(const DeviceAttention& d) {
+  const AttentionShape& s = d.shape;
+  OASIS_REQUIRE(s.B > 0 && s.H > 0 && s.Tq > 0 && s.d_h > 0, "shape", "empty dimension in q [B, H, Tq, d_h] = [",
+                s.B, ", ", s.H, ", ", s.Tq, ", ", s.d_h, "]");
+  OASIS_REQUIRE(s.H_kv > 0 && s.Tk > 0 && s.d_v > 0, "shape", "empty dimension in H_kv = ", s.H_kv, ", Tk = ", s.Tk,
+                ", d_v = ", s.d_v);
+  OASIS_REQUIRE(s.H % s.H_kv == 0, "shape", "grouped-query attention needs H_kv to divide H, got H = ", s.H,
+                ", H_kv = ", s.H_kv);
+  OASIS_REQUIRE(d.q && d.k && d.v, "q", "null device pointer among q, k, v");
+  OASIS_REQUIRE(d.out && d.lse && d.p_null, "out", "null device pointer among out, lse, p_null");
+  OASIS_REQUIRE(!d.null_logits || d.normalizer == RowNorm::softmax1, "null_logits", "given but the normaliser is ",
+                to_string(d.normalizer), " (no null category)");
+  OASIS_REQUIRE(!d.scale || (std::isfinite(*d.scale) && *d.scale > 0), "scale", "must be finite and positive");
+  detail::check_cuda_attention_limits(s, d.normalizer);
+  detail::require_device();
+  detail::AttentionLaunch a = detail::contiguous_launch(detail::in_type(d.dtype), d.q, d.k, d.v, s);
+  a.softmax1 = d.normalizer == RowNorm::softmax1;
+  a.null_logits = d.null_logits;
+  a.causal = d.causal;
+  a.key_lengths = d.key_lengths;
+  a.scale = detail::attention_scale(s, d.scale);
+  a.out = d.out;
+  a.lse = d.lse;
+  a.p_null = d.p_null;
+  detail::check(detail::launch_attention(a, d.stream), "fused attention launch");
+}
+
+void null_statistic_device(const float* p_null, index_t B, index_t H, index_t T, float* psi, CUstream_st* stream) {
+  OASIS_REQUIRE(B > 0 && H > 0 && T > 0, "p_null", "empty dimension in [B, H, T] = [", B, ", ", H, ", ", T, "]");
+  OASIS_REQUIRE(p_null && psi, "p_null", "null device pointer (p_null or psi)");
+  detail::require_int(B * H * T, "p_null", "size B * H * T");
+  detail::require_device();
+  detail::check(detail::launch_null_statistic(p_null, static_cast<int>(B), static_cast<int>(H), static_cast<int>(T),
+                                              psi, stream),
+                "psi launch");
+}
+
+Tensor<float> null_statistic(const Tensor<float>& p_null) {
+  require_rank(p_null, 3, "p_null", "[B, H, T]");
+  const index_t B = p_null.dim(0), H = p_null.dim(1), T = p_null.dim(2);
+  OASIS_REQUIRE(H > 0, "p_null", "has no heads (H = 0): psi is a mean over heads");
+  OASIS_REQUIRE(B > 0 && T > 0, "p_null", "empty dimension in ", shape_str(p_null.shape()));
+  detail::require_int(p_null.size(), "p_null", "size");
+  detail::require_device();
+  detail::DeviceBuffer<float> dp = detail::to_device(p_null), dpsi(static_cast<std::size_t>(B * T));
+  null_statistic_device(dp.get(), B, H, T, dpsi.get(), nullptr);
+  Tensor<float> psi({B, T});
+  dpsi.download(psi.data());
+  return psi;
+}
+
+Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                                  const KeyNormOptions& opt) {
+  // The reference's checks (oasis::pseudo_query_logits), then the sources' finiteness.
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in ", shape_str(sources.shape()));
+  require_rank(w, 1, "w", "[d]");
+  OASIS_REQUIRE(w.dim(0) == d, "w", "has ", w.dim(0), " entries, sources have width d = ", d);
+  OASIS_REQUIRE(gain.empty() || (gain.rank() == 1 && gain.dim(0) == d), "gain", "shape ", shape_str(gain.shape()),
+                " is not [d] = [", d, "]");
+  OASIS_REQUIRE(opt.eps > 0 && std::isfinite(opt.eps), "eps", "must be finite and positive");
+  require_finite(w, "w");
+  require_finite(sources, "sources");
+  if (!gain.empty()) require_finite(gain, "gain");
+  detail::require_int(sources.size(), "sources", "size");
+  detail::require_device();
+  detail::DeviceBuffer<float> ds = detail::to_device(sources), dw = detail::to_device(w);
+  detail::DeviceBuffer<float> dg = detail::to_device(gain), out(static_cast<std::size_t>(n * N));
+  detail::check(detail::launch_pseudo_query_logits(ds.get(), static_cast<int>(n), static_cast<int>(N),
+                                                   static_cast<int>(d), dw.get(), gain.empty() ? nullptr : dg.get(),
+                                                   static_cast<float>(opt.eps), out.get(), nullptr),
+                "pseudo-query logits launch");
+  Tensor<float> g({n, N});
+  out.download(g.data());
+  return g;
+}
+
+}  // namespace cuda
+
+// --- the backend entry points of oasis/backend.hpp -----------------------------------------------
+
+namespace detail {
+
+bool cuda_available(std::string* why) { return cuda::available(why); }
+
+AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                            const AttentionOptions& opt) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  cuda::detail::check_cuda_attention_limits(s, opt.normalizer);
+  cuda::detail::check_masked_rows(s, opt);
+  cuda::detail::require_device();
+  return cuda::detail::run_attention(cuda::detail::InType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt);
+}
+
+DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
+                                      const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                      const DepthOptions& opt) {
+  return cuda::detail::route_on_device(sources, g_old, psi, kinds, opt);
+}
+
+}  // namespace detail
+}  // namespace oasis

@@ -1,0 +1,108 @@
+// src/cuda/device_util.hpp — host-side helpers of the CUDA backend: error checks, device buffers,
+// availability and argument checks shared by the host wrappers (internal to oasis_cuda).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "launch.hpp"
+#include "oasis/error.hpp"
+#include "oasis/normalizer.hpp"
+#include "oasis/tensor.hpp"
+
+namespace oasis::cuda::detail {
+
+/// A CUDA runtime failure after validation (out of memory, launch failure): a runtime error, not
+/// a bad argument.
+[[noreturn]] inline void fail(const char* what, int code) {
+  throw std::runtime_error(std::string("oasis cuda: ") + what + " failed: " +
+                           cudaGetErrorString(static_cast<cudaError_t>(code)));
+}
+inline void check(int code, const char* what) {
+  if (code != 0) fail(what, code);
+}
+
+/// Owning device allocation of n elements of T.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  ~DeviceBuffer() { if (p_) cudaFree(p_); }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+  void upload(const T* host) { if (n_) check(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
+  void download(T* host) const { if (n_) check(cudaMemcpy(host, p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H"); }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+DeviceBuffer<T> to_device(const T* host, std::size_t n) {
+  DeviceBuffer<T> d(n);
+  d.upload(host);
+  return d;
+}
+template <class T>
+DeviceBuffer<T> to_device(const std::vector<T>& host) { return to_device(host.data(), host.size()); }
+template <class T>
+DeviceBuffer<T> to_device(const Tensor<T>& host) { return to_device(host.data(), static_cast<std::size_t>(host.size())); }
+
+/// The CUDA kernels implement the exponential normalisers only (softmax, softmax1); the others
+/// (clipped, sparse) are rejected naming the argument.
+inline void require_cuda_normalizer(RowNorm n, const char* arg) {
+  OASIS_REQUIRE(n == RowNorm::softmax || n == RowNorm::softmax1, arg, "the CUDA backend implements softmax and ",
+                "softmax1, got ", to_string(n), " (use Backend::reference)");
+}
+
+/// Throws oasis::invalid_argument("backend", reason) when no usable device is present.
+void require_device();
+
+/// A size that the kernels index with int (and grid dimensions with at most 65535 for B and H).
+inline void require_int(index_t x, const char* arg, const char* what, index_t limit = std::numeric_limits<int>::max()) {
+  OASIS_REQUIRE(x <= limit, arg, what, " = ", x, " exceeds the CUDA backend's limit ", limit);
+}
+
+}  // namespace oasis::cuda::detail
+
+#include "oasis/depth.hpp"
+
+namespace oasis::cuda::detail {
+
+/// Validates a depth-routing call exactly as oasis::attn_res_route (and depth_weights) would, and
+/// returns beta in float (0 without coupling) and the evidence flags of the candidates.
+struct RouteSetup {
+  float beta = 0.0f;
+  std::vector<unsigned char> evidence;
+};
+RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                            const std::vector<SourceKind>& kinds, const DepthOptions& opt);
+
+/// Device outputs of a routing: g, dpsi, alpha [n, N], alpha_null [N], h [N, d].
+struct DeviceRoute {
+  DeviceBuffer<float> g, dpsi, alpha, alpha_null, h;
+};
+/// Routes on the device from device sources/g_old/psi (validated by check_route_args).
+DeviceRoute route_device(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                         const RouteSetup& setup, const DepthOptions& opt);
+/// Launches the routing kernels into caller-owned device outputs (asynchronous on `stream`).
+void launch_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                  const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null, float* g,
+                  float* dpsi, CUstream_st* stream);
+DepthRoute<float> download_route(const DeviceRoute& r, index_t n, index_t N, index_t d);
+
+DepthRoute<float> route_on_device(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                                  const std::vector<SourceKind>& kinds, const DepthOptions& opt);
+
+}  // namespace oasis::cuda::detail

@@ -1,0 +1,138 @@
+// src/cuda/route.cpp — host side of the CUDA depth router (oasis::attn_res_route semantics).
+#include <cmath>
+
+#include "device_util.hpp"
+#include "oasis/cuda.hpp"
+
+namespace oasis::cuda::detail {
+
+RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                            const std::vector<SourceKind>& kinds, const DepthOptions& opt) {
+  // oasis::attn_res_route's checks, in its order.
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  require_rank(g_old, 2, "g_old", "[n, N]");
+  require_rank(psi, 2, "psi", "[n, N]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in ", shape_str(sources.shape()));
+  OASIS_REQUIRE(g_old.dim(0) == n && g_old.dim(1) == N, "g_old", "shape ", shape_str(g_old.shape()),
+                " does not match sources [n, N] = [", n, ", ", N, "]");
+  OASIS_REQUIRE(psi.dim(0) == n && psi.dim(1) == N, "psi", "shape ", shape_str(psi.shape()),
+                " does not match sources [n, N] = [", n, ", ", N, "]");
+  OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(), " entries but there are ", n,
+                " sources");
+  require_finite(sources, "sources");
+  require_cuda_normalizer(opt.normalizer, "normalizer");
+  require_int(sources.size(), "sources", "size");
+  require_int(n, "sources", "number of depth candidates n", kMaxCandidates);
+  // oasis::depth_weights' per-token checks: finite logits; with coupling, psi of the candidates
+  // with null evidence in [0, 1] (centre_null_statistic) and a valid beta (depth_beta).
+  RouteSetup r;
+  r.evidence.resize(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i)
+    r.evidence[static_cast<std::size_t>(i)] =
+        has_null_evidence(kinds[static_cast<std::size_t>(i)], opt.coupling_options.headless) ? 1 : 0;
+  for (index_t t = 0; t < N; ++t)
+    for (index_t i = 0; i < n; ++i)
+      OASIS_REQUIRE(std::isfinite(g_old(i, t)), "g_old", "non-finite depth logit ", g_old(i, t), " at candidate ", i,
+                    " (token ", t, ")");
+  if (opt.coupling) {
+    for (index_t t = 0; t < N; ++t)
+      for (index_t i = 0; i < n; ++i) {
+        const float p = psi(i, t);
+        OASIS_REQUIRE(!r.evidence[static_cast<std::size_t>(i)] || (std::isfinite(p) && p >= 0.0f && p <= 1.0f), "psi",
+                      "entry ", i, " = ", p, " is not a probability in [0, 1] (token ", t, ")");
+      }
+    r.beta = depth_beta<float>(opt);  // the reference's float beta, bit for bit
+    OASIS_REQUIRE(std::isfinite(r.beta) && r.beta >= 0.0f, "beta", "must be finite and >= 0, got ", r.beta);
+  }
+  return r;
+}
+
+void launch_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                  const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null, float* g,
+                  float* dpsi, CUstream_st* stream) {
+  DepthLaunch a;
+  a.n = static_cast<int>(n);
+  a.N = static_cast<int>(N);
+  a.g_old = g_old;
+  a.psi = psi;
+  for (index_t i = 0; i < n; ++i) a.evidence[i] = setup.evidence[static_cast<std::size_t>(i)];
+  a.coupling = opt.coupling;
+  a.authors_code = opt.coupling_options.centring == Centring::authors_code;
+  a.beta = setup.beta;
+  a.score_clamp = static_cast<float>(opt.coupling_options.score_clamp);  // T(score_clamp), inf stays inf
+  a.softmax1 = opt.normalizer == RowNorm::softmax1;
+  a.g = g;
+  a.dpsi = dpsi;
+  a.alpha = alpha;
+  a.alpha_null = alpha_null;
+  check(launch_depth_weights(a, stream), "depth weights launch");
+  check(launch_depth_mix(sources, alpha, a.n, a.N, static_cast<int>(d), h, stream), "depth mix launch");
+}
+
+DeviceRoute route_device(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                         const RouteSetup& setup, const DepthOptions& opt) {
+  const std::size_t nN = static_cast<std::size_t>(n * N);
+  DeviceRoute r{DeviceBuffer<float>(nN), DeviceBuffer<float>(nN), DeviceBuffer<float>(nN),
+                DeviceBuffer<float>(static_cast<std::size_t>(N)), DeviceBuffer<float>(static_cast<std::size_t>(N * d))};
+  launch_route(sources, g_old, psi, n, N, d, setup, opt, r.h.get(), r.alpha.get(), r.alpha_null.get(), r.g.get(),
+               r.dpsi.get(), nullptr);
+  return r;
+}
+
+DepthRoute<float> download_route(const DeviceRoute& r, index_t n, index_t N, index_t d) {
+  DepthRoute<float> out{Tensor<float>({N, d}), Tensor<float>({n, N}), Tensor<float>({N}), Tensor<float>({n, N}),
+                        Tensor<float>({n, N})};
+  r.h.download(out.h.data());
+  r.alpha.download(out.alpha.data());
+  r.alpha_null.download(out.alpha_null.data());
+  r.g.download(out.g.data());
+  r.dpsi.download(out.dpsi.data());
+  return out;
+}
+
+DepthRoute<float> route_on_device(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
+                                  const std::vector<SourceKind>& kinds, const DepthOptions& opt) {
+  const RouteSetup setup = check_route_args(sources, g_old, psi, kinds, opt);
+  require_device();
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  DeviceBuffer<float> ds = to_device(sources), dg = to_device(g_old), dp = to_device(psi);
+  const DeviceRoute r = route_device(ds.get(), dg.get(), dp.get(), n, N, d, setup, opt);
+  return download_route(r, n, N, d);
+}
+
+}  // namespace oasis::cuda::detail
+
+namespace oasis::cuda {
+
+void attn_res_route_device(const float* sources, const float* g_old, const float* psi, index_t n, index_t N,
+                           index_t d, const std::vector<SourceKind>& kinds, const DepthOptions& opt, float* h,
+                           float* alpha, float* alpha_null, float* g, float* dpsi, CUstream_st* stream) {
+  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in [n, N, d] = [", n, ", ", N, ", ", d, "]");
+  OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(), " entries but there are ", n,
+                " sources");
+  OASIS_REQUIRE(sources && g_old && psi, "sources", "null device pointer among sources, g_old, psi");
+  OASIS_REQUIRE(h && alpha && alpha_null && g && dpsi, "h", "null device pointer among the outputs");
+  detail::require_cuda_normalizer(opt.normalizer, "normalizer");
+  detail::require_int(n, "sources", "number of depth candidates n", detail::kMaxCandidates);
+  detail::require_int(n * N * d, "sources", "size");
+  detail::RouteSetup setup;
+  for (SourceKind k : kinds) setup.evidence.push_back(has_null_evidence(k, opt.coupling_options.headless) ? 1 : 0);
+  if (opt.coupling) setup.beta = depth_beta<float>(opt);
+  detail::require_device();
+  detail::launch_route(sources, g_old, psi, n, N, d, setup, opt, h, alpha, alpha_null, g, dpsi, stream);
+}
+
+void pseudo_query_logits_device(const float* sources, index_t n, index_t N, index_t d, const float* w,
+                                const float* gain, const KeyNormOptions& opt, float* g, CUstream_st* stream) {
+  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in [n, N, d] = [", n, ", ", N, ", ", d, "]");
+  OASIS_REQUIRE(sources && w && g, "sources", "null device pointer among sources, w, g");
+  OASIS_REQUIRE(opt.eps > 0 && std::isfinite(opt.eps), "eps", "must be finite and positive");
+  detail::require_int(n * N * d, "sources", "size");
+  detail::require_device();
+  detail::check(detail::launch_pseudo_query_logits(sources, static_cast<int>(n), static_cast<int>(N), static_cast<int>(d),
+                                                   w, gain, static_cast<float>(opt.eps), g, stream),
+                "pseudo-query logits launch");
+}
+
+}  // namespace oasis::cuda

@@ -1,0 +1,353 @@
+// CUDA backend (issue 5), host-only tests: they run without a GPU. They check the availability
+// report, the 16-bit storage conversions, argument validation (which runs before any device
+// work, so every error names its argument on any machine), and the fused kernel's per-row state
+// machine (src/cuda/online_softmax.hpp, the code the kernel runs) through a host simulation of
+// the kernel's tiling against the long double oracle.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "oasis/backend.hpp"
+#include "oasis/cuda.hpp"
+#include "oasis/error_bounds.hpp"
+#include "oasis/instances.hpp"
+#include "oasis_test.hpp"
+#include "online_softmax.hpp"
+#include "parity_rule.hpp"
+
+namespace oasis::test {
+namespace {
+
+using cuda::DType;
+
+template <class F>
+std::string thrown_argument(F&& f) {
+  try {
+    f();
+  } catch (const invalid_argument& e) {
+    return e.argument();
+  }
+  return "<nothing thrown>";
+}
+
+// --- availability --------------------------------------------------------------------------------
+
+TEST(CudaAvailability, ReasonIsConsistentAcrossTheApi) {
+  std::string why;
+  const bool ok = cuda::available(&why);
+  EXPECT_EQ(ok, backend_available(Backend::cuda));
+  EXPECT_EQ(why, backend_unavailable_reason(Backend::cuda));
+  if (ok) {
+    EXPECT_TRUE(why.empty());
+    EXPECT_EQ(available_backends().back(), Backend::cuda);
+  } else {
+    EXPECT_FALSE(why.empty());
+    EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+    for (Backend b : available_backends()) EXPECT_NE(b, Backend::cuda);
+  }
+}
+
+TEST(CudaAvailability, UnavailableBackendThrowsNamingBackendWithTheReason) {
+  std::string why;
+  if (cuda::available(&why)) GTEST_SKIP() << "a CUDA device is present; this checks the behaviour without one";
+  std::mt19937_64 rng = make_rng(1);
+  const Tensor<float> q = randn<float>({1, 1, 4, 8}, rng), k = randn<float>({1, 1, 4, 8}, rng);
+  try {
+    token_attention(Backend::cuda, q, k, k);
+    FAIL() << "no exception without a device";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.argument(), "backend");
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({1, 2, 3})); }), "backend");
+}
+
+// --- 16-bit storage --------------------------------------------------------------------------------
+
+TEST(CudaDType, NamesRoundTripAndUnknownIsRejected) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) EXPECT_EQ(cuda::parse_dtype(cuda::to_string(t)), t);
+  EXPECT_EQ(thrown_argument([] { cuda::parse_dtype("f64"); }), "dtype");
+  EXPECT_EQ(thrown_argument([] { cuda::round_to_bits(1.0f, DType::f32); }), "dtype");
+}
+
+TEST(CudaDType, RepresentableValuesRoundTripExactly) {
+  for (DType t : {DType::f16, DType::bf16})
+    for (int i = -256; i <= 256; ++i)
+      for (float scale : {1.0f, 0.25f, 64.0f}) {
+        const float x = static_cast<float>(i) * scale;  // at most 9 significant bits: exact in both
+        EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(x, t), t), x) << cuda::to_string(t) << " " << x;
+      }
+}
+
+TEST(CudaDType, RoundsToNearestTiesToEven) {
+  // f16 has 10 fraction bits: spacing 2^-10 at 1; bfloat16 has 7: spacing 2^-7 at 1.
+  const float f16_half = std::ldexp(1.0f, -11), bf16_half = std::ldexp(1.0f, -8);
+  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + f16_half, DType::f16), DType::f16), 1.0f);
+  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + 3 * f16_half, DType::f16), DType::f16),
+            1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + bf16_half, DType::bf16), DType::bf16), 1.0f);
+  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + 3 * bf16_half, DType::bf16), DType::bf16),
+            1.0f + std::ldexp(1.0f, -6));
+  EXPECT_TRUE(std::isinf(cuda::widen_bits(cuda::round_to_bits(70000.0f, DType::f16), DType::f16)));
+  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(65504.0f, DType::f16), DType::f16), 65504.0f);
+  EXPECT_TRUE(std::isnan(cuda::widen_bits(cuda::round_to_bits(std::nanf(""), DType::bf16), DType::bf16)));
+}
+
+TEST(CudaDType, RelativeRoundingErrorWithinUnitRoundoff) {
+  std::mt19937_64 rng = make_rng(3);
+  const Tensor<float> x = randn<float>({4096}, rng, 10.0);
+  for (DType t : {DType::f16, DType::bf16}) {
+    const double u = t == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    const Tensor<float> y = cuda::widen(cuda::round_to(x, t));
+    EXPECT_TRUE(within_bound(std::string("round_to ") + std::string(cuda::to_string(t)), y, x,
+                             [&](index_t, double r) { return std::abs(r) >= 6.2e-5 ? u * std::abs(r) : 6e-8; }));
+  }
+}
+
+// --- argument validation (before any device work) ---------------------------------------------------
+
+TEST(CudaValidation, AttentionErrorsNameTheArgument) {
+  std::mt19937_64 rng = make_rng(4);
+  auto h16 = [&](Shape s, DType t = DType::f16) { return cuda::round_to(randn<float>(std::move(s), rng), t); };
+  const cuda::Tensor16 q = h16({1, 2, 4, 64}), k = h16({1, 1, 6, 64}), v = h16({1, 1, 6, 64});
+  AttentionOptions opt;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(h16({1, 2, 4, 256}), h16({1, 1, 6, 256}), v, opt); }), "q");
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, h16({1, 1, 6, 200}), opt); }), "v");
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, h16({1, 1, 6, 64}, DType::bf16), v, opt); }), "k");
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, h16({1, 1, 6, 64}, DType::bf16), opt); }), "v");
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, h16({1, 3, 6, 64}), h16({1, 3, 6, 64}), opt); }), "k");
+  cuda::Tensor16 qnan = q;
+  qnan.bits[5] = 0x7e00;  // f16 NaN
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(qnan, k, v, opt); }), "q");
+  AttentionOptions sparse = opt;
+  sparse.normalizer = RowNorm::sparsemax;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, sparse); }), "normalizer");
+  AttentionOptions nulls = opt;
+  nulls.normalizer = RowNorm::softmax;
+  nulls.null_logits = {0.5, 0.5};
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, nulls); }), "null_logits");
+  AttentionOptions masked;
+  masked.normalizer = RowNorm::softmax;
+  masked.masked_row = MaskedRow::error;
+  masked.key_lengths = {0};
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, masked); }), "scores");
+  masked.key_lengths = {7};
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, masked); }), "key_lengths");
+  cuda::Tensor16 short_bits = q;
+  short_bits.bits.pop_back();
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(short_bits, k, v, opt); }), "bits");
+}
+
+TEST(CudaValidation, DeviceEntryPointsCheckShapesAndPointers) {
+  cuda::DeviceAttention a;
+  a.shape = AttentionShape{1, 3, 2, 4, 4, 64, 64};
+  float dummy = 0;
+  a.q = a.k = a.v = &dummy;
+  a.out = a.lse = a.p_null = &dummy;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "shape");  // 2 does not divide 3
+  a.shape.H_kv = 1;
+  a.q = nullptr;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "q");
+  a.q = &dummy;
+  a.shape.d_h = 129;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "q");
+  a.shape.d_h = 64;
+  a.normalizer = RowNorm::clipped_softmax1;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "normalizer");
+  EXPECT_EQ(thrown_argument([&] { cuda::null_statistic_device(nullptr, 1, 1, 1, nullptr); }), "p_null");
+  EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({2, 3})); }), "p_null");
+  EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({2, 0, 3})); }), "p_null");
+}
+
+TEST(CudaValidation, PseudoQueryAndSublayerErrorsNameTheArgument) {
+  std::mt19937_64 rng = make_rng(6);
+  const Tensor<float> sources = randn<float>({3, 8, 16}, rng), w = randn<float>({16}, rng);
+  EXPECT_EQ(thrown_argument([&] { cuda::pseudo_query_logits(sources, randn<float>({15}, rng)); }), "w");
+  EXPECT_EQ(thrown_argument([&] { cuda::pseudo_query_logits(sources, w, randn<float>({4}, rng)); }), "gain");
+  EXPECT_EQ(thrown_argument([&] { cuda::pseudo_query_logits(sources, w, {}, KeyNormOptions{0.0, false}); }), "eps");
+  Tensor<float> bad = sources;
+  bad[7] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(thrown_argument([&] { cuda::pseudo_query_logits(bad, w); }), "sources");
+
+  const std::vector<SourceKind> kinds{SourceKind::initial, SourceKind::attention, SourceKind::attention};
+  cuda::SublayerWeights wt;
+  wt.pseudo_query = w;
+  wt.wq = randn<float>({16, 16}, rng);
+  wt.wk = randn<float>({8, 16}, rng);
+  wt.wv = randn<float>({8, 16}, rng);
+  wt.wo = randn<float>({16, 16}, rng);
+  cuda::SublayerOptions opt;
+  opt.batch = 2;
+  opt.n_heads = 2;
+  opt.n_kv_heads = 1;
+  Tensor<float> psi = uniform<float>({3, 8}, rng, 0.0, 1.0);
+  auto run = [&](const cuda::SublayerWeights& ww, const cuda::SublayerOptions& o, const Tensor<float>& p) {
+    return thrown_argument([&] { cuda::attn_res_sublayer(sources, p, kinds, ww, o); });
+  };
+  cuda::SublayerWeights w2 = wt;
+  w2.wq = randn<float>({16, 15}, rng);
+  EXPECT_EQ(run(w2, opt, psi), "wq");
+  w2 = wt;
+  w2.wo = randn<float>({15, 16}, rng);
+  EXPECT_EQ(run(w2, opt, psi), "wo");
+  w2 = wt;
+  w2.q_norm = randn<float>({8}, rng);
+  EXPECT_EQ(run(w2, opt, psi), "q_norm");  // k_norm missing
+  cuda::SublayerOptions o2 = opt;
+  o2.batch = 3;
+  EXPECT_EQ(run(wt, o2, psi), "batch");
+  o2 = opt;
+  o2.n_kv_heads = 3;
+  EXPECT_EQ(run(wt, o2, psi), "n_kv_heads");
+  o2 = opt;
+  o2.token_normalizer = RowNorm::entmax15;
+  EXPECT_EQ(run(wt, o2, psi), "token_normalizer");
+  o2 = opt;
+  o2.depth.normalizer = RowNorm::sparsemax;
+  EXPECT_EQ(run(wt, o2, psi), "normalizer");
+  o2 = opt;
+  o2.depth.theta = std::nan("");
+  EXPECT_EQ(run(wt, o2, psi), "theta");
+  Tensor<float> psi_bad = psi;
+  psi_bad(2, 3) = -0.5f;
+  EXPECT_EQ(run(wt, opt, psi_bad), "psi");
+  EXPECT_EQ(run(wt, opt, Tensor<float>({3, 7})), "psi");
+  cuda::SublayerOptions mlp = opt;
+  mlp.kind = cuda::SublayerKind::mlp;
+  EXPECT_EQ(run(wt, mlp, psi), "gate");  // no MLP weights
+}
+
+// --- the fused kernel's row state machine, simulated on the host -----------------------------------
+
+/// The kernel's algorithm with its tiling (32 keys per tile), its per-row state functions and its
+/// operation order per row; `double_null` folds the null category in twice (a deliberate bug,
+/// to show that the parity rule detects it).
+AttentionResult<float> simulate_fused(const AttentionInputs& in, bool double_null = false) {
+  using namespace cuda::detail;
+  const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
+  const bool s1 = in.opt.normalizer == RowNorm::softmax1;
+  const float scale = in.opt.scale ? static_cast<float>(*in.opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
+  AttentionResult<float> r{Tensor<float>({s.B, s.H, s.Tq, s.d_v}), Tensor<float>({s.B, s.H, s.Tq}),
+                           Tensor<float>({s.B, s.H, s.Tq}), {}};
+  const index_t group = s.H / s.H_kv;
+  std::vector<float> o(static_cast<std::size_t>(s.d_v)), z(32), p(32);
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h) {
+      const float sl = s1 ? (in.opt.null_logits.empty() ? 0.0f : static_cast<float>(in.opt.null_logits[static_cast<std::size_t>(h)]))
+                          : -INFINITY;
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const int len = in.opt.key_lengths.empty() ? static_cast<int>(s.Tk)
+                                                   : static_cast<int>(in.opt.key_lengths[static_cast<std::size_t>(b)]);
+        const int n = row_visible_keys(len, in.opt.causal, static_cast<int>(t), static_cast<int>(s.Tq), static_cast<int>(s.Tk));
+        OnlineRow row = online_start(s1, sl);
+        if (double_null && s1) row.l += 1.0f;
+        std::fill(o.begin(), o.end(), 0.0f);
+        for (int j0 = 0; j0 < n; j0 += 32) {
+          const int jn = std::min(32, n - j0);
+          float tile_max = -INFINITY;
+          for (int jj = 0; jj < jn; ++jj) {
+            float acc = 0.0f;
+            for (index_t c = 0; c < s.d_h; ++c) acc = std::fma(in.q(b, h, t, c), in.k(b, h / group, j0 + jj, c), acc);
+            z[static_cast<std::size_t>(jj)] = acc * scale;
+            tile_max = std::max(tile_max, z[static_cast<std::size_t>(jj)]);
+          }
+          const float corr = online_rescale(row, tile_max);
+          float sum = 0.0f;
+          for (int jj = 0; jj < jn; ++jj) sum += (p[static_cast<std::size_t>(jj)] = std::exp(z[static_cast<std::size_t>(jj)] - row.m));
+          row.l += sum;
+          for (index_t c = 0; c < s.d_v; ++c) {
+            float oc = o[static_cast<std::size_t>(c)] * corr;
+            for (int jj = 0; jj < jn; ++jj) oc = std::fma(p[static_cast<std::size_t>(jj)], in.v(b, h / group, j0 + jj, c), oc);
+            o[static_cast<std::size_t>(c)] = oc;
+          }
+        }
+        const RowFinish f = online_finish(row, s1, sl);
+        for (index_t c = 0; c < s.d_v; ++c) r.out(b, h, t, c) = o[static_cast<std::size_t>(c)] * f.inv;
+        r.lse(b, h, t) = f.lse;
+        r.p_null(b, h, t) = f.p_null;
+      }
+    }
+  return r;
+}
+
+TEST(CudaOnlineRow, VisibleKeysMatchTheReference) {
+  for (index_t Tq : {1, 5, 9})
+    for (index_t Tk : {1, 4, 9, 13})
+      for (bool causal : {false, true}) {
+        const AttentionShape s{2, 1, 1, Tq, Tk, 1, 1};
+        AttentionOptions opt;
+        opt.causal = causal;
+        for (index_t len = 0; len <= Tk; ++len) {
+          opt.key_lengths = {len, Tk};
+          for (index_t t = 0; t < Tq; ++t)
+            EXPECT_EQ(cuda::detail::row_visible_keys(static_cast<int>(len), causal, static_cast<int>(t),
+                                                     static_cast<int>(Tq), static_cast<int>(Tk)),
+                      visible_keys(s, opt, 0, t))
+                << "Tq " << Tq << " Tk " << Tk << " causal " << causal << " len " << len << " t " << t;
+        }
+      }
+}
+
+TEST(CudaOnlineRow, EmptyRowsGiveTheDocumentedValuesExactly) {
+  using namespace cuda::detail;
+  for (float s : {0.0f, -3.5f, 41.0f}) {
+    const RowFinish f = online_finish(online_start(true, s), true, s);
+    EXPECT_EQ(f.inv, 1.0f);
+    EXPECT_EQ(f.lse, s);  // LSE1 = s + log 1
+    EXPECT_EQ(f.p_null, 1.0f);
+  }
+  const RowFinish f = online_finish(online_start(false, 0.0f), false, 0.0f);
+  EXPECT_EQ(f.inv, 0.0f);
+  EXPECT_TRUE(std::isinf(f.lse) && f.lse < 0);
+  EXPECT_EQ(f.p_null, 0.0f);
+}
+
+TEST(CudaOnlineRow, RescaleFromEmptySoftmaxStateIsZeroNotNaN) {
+  using namespace cuda::detail;
+  OnlineRow r = online_start(false, 0.0f);
+  EXPECT_EQ(online_rescale(r, 3.0f), 0.0f);
+  EXPECT_EQ(r.m, 3.0f);
+  EXPECT_EQ(r.l, 0.0f);
+  OnlineRow r1 = online_start(true, 2.0f);
+  EXPECT_EQ(online_rescale(r1, 1.0f), 1.0f);  // below the null logit: no change
+  EXPECT_EQ(r1.m, 2.0f);
+}
+
+class SimulatedKernel : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(SimulatedKernel, WithinTwiceReferenceErrorPlusFloor) {
+  const AttentionCase& c = GetParam();
+  const AttentionInputs in = make_inputs(c, std::hash<std::string>{}(c.name) % 1000003ULL);
+  const AttentionResult<float> got = simulate_fused(in), ref = token_attention(in.q, in.k, in.v, in.opt);
+  AttentionOptions hp_opt = in.opt;
+  hp_opt.return_probs = true;
+  using L = long double;
+  const AttentionResult<L> hp = token_attention(in.q.cast<L>(), in.k.cast<L>(), in.v.cast<L>(), hp_opt);
+  const bounds::AttentionBounds b = bounds::attention_bounds(in.q, in.k, in.v, in.opt, hp);
+  OASIS_EXPECT_PARITY(within_twice_reference("out", got.out, ref.out, hp.out, b.out));
+  OASIS_EXPECT_PARITY(within_twice_reference("lse", got.lse, ref.lse, hp.lse, b.lse));
+  OASIS_EXPECT_PARITY(within_twice_reference("p_null", got.p_null, ref.p_null, hp.p_null, b.p_null));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SimulatedKernel, ::testing::ValuesIn(attention_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CudaOnlineRow, ParityRuleDetectsANullFoldedInTwice) {
+  const AttentionInputs in = make_inputs(attention_cases()[0], 99);
+  const AttentionResult<float> bad = simulate_fused(in, true), ref = token_attention(in.q, in.k, in.v, in.opt);
+  AttentionOptions hp_opt = in.opt;
+  hp_opt.return_probs = true;
+  using L = long double;
+  const AttentionResult<L> hp = token_attention(in.q.cast<L>(), in.k.cast<L>(), in.v.cast<L>(), hp_opt);
+  const bounds::AttentionBounds b = bounds::attention_bounds(in.q, in.k, in.v, in.opt, hp);
+  EXPECT_FALSE(within_twice_reference("p_null", bad.p_null, ref.p_null, hp.p_null, b.p_null));
+  EXPECT_FALSE(within_twice_reference("out", bad.out, ref.out, hp.out, b.out));
+}
+
+}  // namespace
+}  // namespace oasis::test

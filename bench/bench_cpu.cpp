@@ -1,0 +1,343 @@
+// bench/bench_cpu.cpp — CPU micro-benchmarks (issue 7), each reported against the machine's own
+// ceilings measured earlier in the same run (float32 GEMM with Eigen, STREAM triad):
+//   Ceiling_*            GEMM GFLOP/s (n = 2048), triad GB/s (3 x 64 MiB arrays, 12 B/element)
+//   RowNormalizer_*      the reference row op (softmax1) and the fast path's vectorised exp
+//   Attention_*          token attention, causal Softmax1, B = 1, 8 heads, T in {1024, 4096},
+//                        d_h in {64, 128}: plain float reference vs the fused fast path
+//   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 256 tokens, d = 2048
+//   Layer_*              one AttnRes attention sublayer from the core ops (route, RMSNorm, QKV
+//                        projections, fused attention, output projection), d = 512, T = 1024
+//   Oracle_mp50_*        (bench_oracle.cpp) the 50-digit oracle's throughput
+// Every fast configuration is validated (tests/cpu_fast/parity_bound.hpp criterion against
+// oasis::mp50 on a subset of rows; depth routing: bitwise equal to the reference) before it is
+// timed; a failure aborts the run with exit status 2.
+// Counters: GFLOP/s or GB/s, and ratio_gemm / ratio_triad = throughput / same-run ceiling.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "bench_support.hpp"
+#include "ceilings.hpp"
+#include "oasis/backend.hpp"
+#include "oasis/cpu_fast.hpp"
+#include "oasis/oasis.hpp"
+#include "oasis_test_random.hpp"
+
+namespace oasis_bench {
+using namespace oasis;
+
+double g_gemm_gflops = 0;
+double g_triad_gbs = 0;
+int threads() {
+  const char* e = std::getenv("OASIS_BENCH_THREADS");
+  return e ? std::max(1, std::atoi(e)) : 2;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void report_flops(benchmark::State& st, double flops_per_iter, double sec) {
+  const double rate = flops_per_iter * static_cast<double>(st.iterations()) / sec * 1e-9;
+  st.counters["GFLOP/s"] = rate;
+  st.counters["ratio_gemm"] = g_gemm_gflops > 0 ? rate / g_gemm_gflops : 0;
+}
+void report_bytes(benchmark::State& st, double bytes_per_iter, double sec) {
+  const double rate = bytes_per_iter * static_cast<double>(st.iterations()) / sec * 1e-9;
+  st.counters["GB/s"] = rate;
+  st.counters["ratio_triad"] = g_triad_gbs > 0 ? rate / g_triad_gbs : 0;
+}
+
+// ---- ceilings --------------------------------------------------------------------------------
+
+void BM_Ceiling_GemmF32(benchmark::State& st) {
+  const index_t n = st.range(0);
+  auto rng = make_rng(1);
+  const Tensor<float> a = randn_f({n, n}, rng), b = randn_f({n, n}, rng);
+  Tensor<float> c({n, n});
+  eigen_gemm(a.data(), b.data(), c.data(), n, n, n, threads());  // warm-up (first touch, threads)
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    eigen_gemm(a.data(), b.data(), c.data(), n, n, n, threads());
+    benchmark::ClobberMemory();
+  }
+  const double sec = seconds_since(t0);
+  report_flops(st, 2.0 * n * n * n, sec);
+  g_gemm_gflops = st.counters["GFLOP/s"];
+  st.counters["ratio_gemm"] = 1.0;
+  st.SetLabel(eigen_simd());
+}
+
+void BM_Ceiling_Triad(benchmark::State& st) {
+  const index_t n = st.range(0);
+  std::vector<float> a(static_cast<std::size_t>(n), 0.0f), b(a.size(), 1.0f), c(a.size(), 2.0f);
+  triad(a.data(), b.data(), c.data(), 3.0f, n);  // warm-up
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    triad(a.data(), b.data(), c.data(), 3.0f, n);
+    benchmark::ClobberMemory();
+  }
+  const double sec = seconds_since(t0);
+  report_bytes(st, 12.0 * static_cast<double>(n), sec);
+  g_triad_gbs = st.counters["GB/s"];
+  st.counters["ratio_triad"] = 1.0;
+}
+
+// ---- row normaliser --------------------------------------------------------------------------
+
+void BM_RowNormalizer_reference_softmax1(benchmark::State& st) {
+  const index_t m = st.range(0);
+  auto rng = make_rng(2);
+  const Tensor<float> z = randn_f({m}, rng, 3.0);
+  std::vector<float> p(static_cast<std::size_t>(m));
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    benchmark::DoNotOptimize(normalize_row(RowNorm::softmax1, z.data(), m, 0.0f, p.data()));
+    benchmark::ClobberMemory();
+  }
+  report_bytes(st, 8.0 * static_cast<double>(m), seconds_since(t0));  // read z, write p
+  st.SetItemsProcessed(st.iterations() * m);
+}
+
+void BM_RowNormalizer_fast_vector_exp(benchmark::State& st) {
+  const index_t m = st.range(0);
+  auto rng = make_rng(3);
+  const Tensor<float> z = randn_f({m}, rng, 3.0);
+  std::vector<float> p(static_cast<std::size_t>(m));
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    cpu_fast::vector_exp(z.data(), p.data(), m);
+    benchmark::ClobberMemory();
+  }
+  report_bytes(st, 8.0 * static_cast<double>(m), seconds_since(t0));
+  st.SetItemsProcessed(st.iterations() * m);
+  st.SetLabel(std::string(cpu_fast::isa()));
+}
+
+// ---- token attention -------------------------------------------------------------------------
+
+struct AttnInputs {
+  Tensor<float> q, k, v;
+  AttentionOptions opt;
+  double flops = 0;
+};
+
+const AttnInputs& attn_inputs(index_t T, index_t d) {
+  static std::map<std::pair<index_t, index_t>, AttnInputs> cache;
+  auto it = cache.find({T, d});
+  if (it != cache.end()) return it->second;
+  AttnInputs in;
+  const index_t H = 8;
+  auto rng = make_rng(100 + static_cast<std::uint64_t>(T + d));
+  in.q = randn_f({1, H, T, d}, rng);
+  in.k = randn_f({1, H, T, d}, rng);
+  in.v = randn_f({1, H, T, d}, rng);
+  in.opt.normalizer = RowNorm::softmax1;
+  in.opt.causal = true;
+  // useful work: every visible (query, key) pair costs 2 d_h (score) + 2 d_v (output) flops
+  in.flops = static_cast<double>(H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2.0 * 4.0 * d;
+  return cache.emplace(std::make_pair(T, d), std::move(in)).first->second;
+}
+
+void BM_Attention_reference(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
+  const auto t0 = Clock::now();
+  for (auto _ : st) benchmark::DoNotOptimize(token_attention(in.q, in.k, in.v, in.opt));
+  report_flops(st, in.flops, seconds_since(t0));
+}
+
+void validate_fast_attention(const AttnInputs& in, const AttentionResult<float>& r) {
+  const std::string rep = validate_attention(in.q, in.k, in.v, in.opt, r, 2, 64);
+  if (!rep.empty()) abort_run("attention T=" + std::to_string(in.q.dim(2)) + " d=" + std::to_string(in.q.dim(3)) + ": " + rep);
+}
+
+void BM_Attention_fast(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
+  AttentionResult<float> r;
+  cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);  // also warms the workspaces
+  validate_fast_attention(in, r);
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, in.flops, seconds_since(t0));
+  st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+}
+
+// The one-call Backend API: allocates (and first-touches) the result tensors on every call.
+void BM_Attention_fast_backend_api(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
+  validate_fast_attention(in, token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt));
+  const auto t0 = Clock::now();
+  for (auto _ : st) benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt));
+  report_flops(st, in.flops, seconds_since(t0));
+  st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
+}
+
+// ---- depth routing ---------------------------------------------------------------------------
+
+struct RouteInputs {
+  Tensor<float> sources, g, psi;
+  std::vector<SourceKind> kinds;
+  double bytes = 0;
+};
+
+const RouteInputs& route_inputs(index_t n, index_t N, index_t d) {
+  static std::map<index_t, RouteInputs> cache;
+  auto it = cache.find(n);
+  if (it != cache.end()) return it->second;
+  RouteInputs in;
+  auto rng = make_rng(200 + static_cast<std::uint64_t>(n));
+  in.sources = randn_f({n, N, d}, rng);
+  in.g = randn_f({n, N}, rng, 2.0);
+  in.psi = uniform_f({n, N}, rng, 0.0, 1.0);
+  in.kinds.push_back(SourceKind::initial);
+  for (index_t i = 1; i < n; ++i) in.kinds.push_back(i % 2 ? SourceKind::attention : SourceKind::headless);
+  // streamed: every source once, the output once (weights and logits are O(n N), negligible)
+  in.bytes = 4.0 * static_cast<double>((n + 1) * N * d);
+  return cache.emplace(n, std::move(in)).first->second;
+}
+
+constexpr index_t kRouteTokens = 256, kRouteWidth = 2048;
+
+void BM_Route_reference(benchmark::State& st) {
+  const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);
+  const auto t0 = Clock::now();
+  for (auto _ : st) benchmark::DoNotOptimize(attn_res_route(in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
+  report_bytes(st, in.bytes, seconds_since(t0));
+}
+
+void validate_route(const RouteInputs& in, const DepthRoute<float>& r) {
+  const DepthRoute<float> ref = attn_res_route(in.sources, in.g, in.psi, in.kinds, DepthOptions{});
+  auto same = [](const Tensor<float>& a, const Tensor<float>& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
+  };
+  if (!(same(r.h, ref.h) && same(r.alpha, ref.alpha) && same(r.alpha_null, ref.alpha_null) && same(r.g, ref.g) &&
+        same(r.dpsi, ref.dpsi)))
+    abort_run("depth routing n=" + std::to_string(in.sources.dim(0)) + ": fast result is not bitwise the reference's");
+}
+
+void BM_Route_fast(benchmark::State& st) {
+  const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);
+  DepthRoute<float> r;
+  cpu_fast::attn_res_route_into(in.sources, in.g, in.psi, in.kinds, DepthOptions{}, r);
+  validate_route(in, r);
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    cpu_fast::attn_res_route_into(in.sources, in.g, in.psi, in.kinds, DepthOptions{}, r);
+    benchmark::ClobberMemory();
+  }
+  report_bytes(st, in.bytes, seconds_since(t0));
+  st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+}
+
+void BM_Route_fast_backend_api(benchmark::State& st) {
+  const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);
+  validate_route(in, attn_res_route(Backend::cpu_fast, in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
+  const auto t0 = Clock::now();
+  for (auto _ : st)
+    benchmark::DoNotOptimize(attn_res_route(Backend::cpu_fast, in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
+  report_bytes(st, in.bytes, seconds_since(t0));
+  st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
+}
+
+// ---- one AttnRes attention sublayer from the core ops -------------------------------------------
+// h = route(sources) (fast, n = 8), x = RMSNorm(h), Q/K/V = x W (Eigen GEMM), fused causal
+// Softmax1 attention (8 heads x 64), y = A W_o. d = 512, T = 1024 tokens, batch 1.
+void BM_Layer_attnres_attention_sublayer(benchmark::State& st) {
+  const index_t T = 1024, d = 512, H = 8, dh = 64, n = 8;
+  auto rng = make_rng(300);
+  const Tensor<float> sources = randn_f({n, T, d}, rng);
+  const Tensor<float> g = randn_f({n, T}, rng);
+  const Tensor<float> psi = uniform_f({n, T}, rng, 0.0, 1.0);
+  std::vector<SourceKind> kinds{SourceKind::initial};
+  for (index_t i = 1; i < n; ++i) kinds.push_back(i % 2 ? SourceKind::attention : SourceKind::headless);
+  const float wsd = 1.0f / std::sqrt(static_cast<float>(d));
+  const Tensor<float> Wq = randn_f({d, d}, rng, wsd), Wk = randn_f({d, d}, rng, wsd), Wv = randn_f({d, d}, rng, wsd),
+                      Wo = randn_f({d, d}, rng, wsd);
+  DepthRoute<float> route;
+  Tensor<float> x({T, d}), qr({T, d}), kr({T, d}), vr({T, d}), q({1, H, T, dh}), k({1, H, T, dh}), v({1, H, T, dh}),
+      ar({T, d}), y({T, d});
+  AttentionResult<float> att;
+  AttentionOptions opt;
+  opt.causal = true;
+  auto to_heads = [&](const Tensor<float>& rows, Tensor<float>& heads) {
+#pragma omp parallel for schedule(static)
+    for (index_t t = 0; t < T; ++t)
+      for (index_t h = 0; h < H; ++h) std::memcpy(heads.ptr(0, h, t), rows.ptr(t) + h * dh, sizeof(float) * dh);
+  };
+  auto step = [&] {
+    cpu_fast::attn_res_route_into(sources, g, psi, kinds, DepthOptions{}, route);
+#pragma omp parallel for schedule(static)
+    for (index_t t = 0; t < T; ++t) {  // RMSNorm, eps 1e-6, no gain
+      const float* hr = route.h.ptr(t);
+      float ss = 0;
+      for (index_t c = 0; c < d; ++c) ss += hr[c] * hr[c];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + 1e-6f);
+      for (index_t c = 0; c < d; ++c) x(t, c) = hr[c] * inv;
+    }
+    eigen_gemm(x.data(), Wq.data(), qr.data(), T, d, d, threads());
+    eigen_gemm(x.data(), Wk.data(), kr.data(), T, d, d, threads());
+    eigen_gemm(x.data(), Wv.data(), vr.data(), T, d, d, threads());
+    to_heads(qr, q);
+    to_heads(kr, k);
+    to_heads(vr, v);
+    cpu_fast::token_attention_into(q, k, v, opt, att);
+#pragma omp parallel for schedule(static)
+    for (index_t t = 0; t < T; ++t)
+      for (index_t h = 0; h < H; ++h) std::memcpy(ar.ptr(t) + h * dh, att.out.ptr(0, h, t), sizeof(float) * dh);
+    eigen_gemm(ar.data(), Wo.data(), y.data(), T, d, d, threads());
+  };
+  step();
+  validate_route(RouteInputs{sources, g, psi, kinds, 0}, route);
+  {
+    const std::string rep = validate_attention(q, k, v, opt, att, 2, 64);
+    if (!rep.empty()) abort_run("layer attention: " + rep);
+  }
+  const double flops = 4.0 * 2.0 * T * d * d + static_cast<double>(H) * T * (T + 1) / 2.0 * 4.0 * dh + 2.0 * n * T * d;
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    step();
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, flops, seconds_since(t0));
+}
+
+}  // namespace
+
+BENCHMARK(BM_Ceiling_GemmF32)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Ceiling_Triad)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_RowNormalizer_reference_softmax1)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RowNormalizer_fast_vector_exp)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Attention_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention_fast_backend_api)->Args({4096, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention_reference)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Route_fast)->Arg(8)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Route_fast_backend_api)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Route_reference)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Layer_attnres_attention_sublayer)->Unit(benchmark::kMillisecond)->UseRealTime();
+// the ceilings again at the end: a drift between the two shows a machine whose load changed
+BENCHMARK(BM_Ceiling_GemmF32)->Name("BM_Ceiling_GemmF32_end")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Ceiling_Triad)->Name("BM_Ceiling_Triad_end")->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace oasis_bench
+
+int main(int argc, char** argv) {
+  omp_set_num_threads(oasis_bench::threads());
+  benchmark::AddCustomContext("threads", std::to_string(oasis_bench::threads()));
+  benchmark::AddCustomContext("cpu_fast_isa", std::string(oasis::cpu_fast::isa()));
+  benchmark::AddCustomContext("eigen_simd_ceiling", oasis_bench::eigen_simd());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,28 @@
+// bench/bench_support.hpp — shared pieces of the CPU benchmarks.
+#pragma once
+
+#include <string>
+
+#include "oasis/attention.hpp"
+
+namespace oasis_bench {
+
+/// Ceilings measured earlier in this run (0 until their benchmark ran).
+extern double g_gemm_gflops;
+extern double g_triad_gbs;
+int threads();
+
+/// Validates a fast attention result at its exact configuration before it is timed: the last
+/// `last_rows` query rows (all keys; bottom-right causal alignment keeps their visibility) and,
+/// for causal calls, the first `first_rows` rows, against oasis::mp50 and the plain float
+/// reference under the parity criterion of tests/cpu_fast/parity_bound.hpp. Returns "" when it
+/// holds, else a report.
+std::string validate_attention(const oasis::Tensor<float>& q, const oasis::Tensor<float>& k,
+                               const oasis::Tensor<float>& v, const oasis::AttentionOptions& opt,
+                               const oasis::AttentionResult<float>& fast, oasis::index_t last_rows,
+                               oasis::index_t first_rows);
+
+/// Aborts the benchmark run (exit status 2) with a message: a configuration failed validation.
+[[noreturn]] void abort_run(const std::string& what);
+
+}  // namespace oasis_bench

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the micro-benchmarks (CPU; GPU when a device and bench/cuda's benchmarks are present) and
+# writes docs/benchmarks.md: machine, date, load, the targets of issue 7, the tables, and the notes
+# (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them.
+#
+#   scripts/bench.sh                      # build dir: $OASIS_BUILD_DIR or build-bench
+#   OASIS_BENCH_THREADS=2 scripts/bench.sh --benchmark_filter=Attention   # extra args go to the CPU binary
+#
+# Each fast configuration is validated against the mp50 oracle before it is timed; a failed
+# validation stops the run (exit status 2) and leaves docs/benchmarks.md untouched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${OASIS_BUILD_DIR:-build-bench}
+export OASIS_BENCH_THREADS=${OASIS_BENCH_THREADS:-2}
+export OMP_NUM_THREADS=$OASIS_BENCH_THREADS
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j"$(nproc)" --target oasis_bench_cpu
+OUT=$(mktemp -d)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+"$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 --benchmark_out="$OUT/cpu.json" \
+  --benchmark_out_format=json "$@"
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+gpu_json=()
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -d "$BUILD/bench/cuda" ]; then
+  for exe in "$BUILD"/bench/cuda/oasis_bench_cuda*; do
+    [ -x "$exe" ] || continue
+    "$exe" --benchmark_min_time=0.05 --benchmark_out="$OUT/$(basename "$exe").json" --benchmark_out_format=json
+    gpu_json+=("$OUT/$(basename "$exe").json")
+  done
+fi
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+gpu_name=$( (nvidia-smi -L 2>/dev/null || true) | head -1)
+python3 bench/make_table.py docs/benchmarks.md bench/benchmarks_notes.md "$OUT/cpu.json" "${gpu_json[@]}" -- \
+  "date (UTC)=$(date -u '+%Y-%m-%d %H:%M')" \
+  "machine=$cpu_model, $(nproc) logical CPUs, $(free -g | awk '/Mem:/{print $2}') GiB RAM${gpu_name:+; GPU: $gpu_name}" \
+  "compiler=$(${CXX:-c++} --version | head -1)" \
+  "threads=$OASIS_BENCH_THREADS (OpenMP and Eigen)" \
+  "load average (1, 5, 15 min) before / after=$load_before / $load_after" \
+  "command=OASIS_BENCH_THREADS=$OASIS_BENCH_THREADS scripts/bench.sh $*" \
+  "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet -- src bench include 2>/dev/null || echo ' (with local changes)')"
+echo "wrote docs/benchmarks.md"

@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <mutex>
 
 #include "device_util.hpp"
 #include "oasis/backend.hpp"

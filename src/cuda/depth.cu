@@ -70,8 +70,8 @@ __global__ void depth_weights_kernel(const __grid_constant__ DepthLaunch a) {
 }
 
 __global__ void depth_mix_kernel(const float* sources, const float* alpha, int n, int N, int d, float* h) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int t = blockIdx.y;
+  const int t = blockIdx.x;  // tokens on x (up to 2^31 - 1), column blocks on y
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= d) return;
   float acc = 0.0f;
   for (int i = 0; i < n; ++i)
@@ -163,7 +163,7 @@ int launch_depth_weights(const DepthLaunch& a, CUstream_st* stream) {
 
 int launch_depth_mix(const float* sources, const float* alpha, int n, int N, int d, float* h, CUstream_st* stream) {
   const int threads = 128;
-  depth_mix_kernel<<<dim3((d + threads - 1) / threads, N), threads, 0, stream>>>(sources, alpha, n, N, d, h);
+  depth_mix_kernel<<<dim3(N, (d + threads - 1) / threads), threads, 0, stream>>>(sources, alpha, n, N, d, h);
   return static_cast<int>(cudaGetLastError());
 }
 

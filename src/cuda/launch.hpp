@@ -53,6 +53,8 @@ int launch_null_statistic(const float* p_null, int B, int H, int T, float* psi, 
 
 /// The most depth candidates one routing call takes (the evidence flags travel in the launch).
 inline constexpr int kMaxCandidates = 1024;
+/// The widest row the mixing kernel takes (column blocks of 128 on grid y <= 65535).
+inline constexpr int kMaxWidth = 65535 * 128;
 
 /// Depth weights of N tokens over n candidates (oasis::depth_weights per token).
 struct DepthLaunch {

@@ -24,6 +24,7 @@ RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g
   require_cuda_normalizer(opt.normalizer, "normalizer");
   require_int(sources.size(), "sources", "size");
   require_int(n, "sources", "number of depth candidates n", kMaxCandidates);
+  require_int(d, "sources", "width d", kMaxWidth);
   // oasis::depth_weights' per-token checks: finite logits; with coupling, psi of the candidates
   // with null evidence in [0, 1] (centre_null_statistic) and a valid beta (depth_beta).
   RouteSetup r;
@@ -115,6 +116,7 @@ void attn_res_route_device(const float* sources, const float* g_old, const float
   OASIS_REQUIRE(h && alpha && alpha_null && g && dpsi, "h", "null device pointer among the outputs");
   detail::require_cuda_normalizer(opt.normalizer, "normalizer");
   detail::require_int(n, "sources", "number of depth candidates n", detail::kMaxCandidates);
+  detail::require_int(d, "sources", "width d", detail::kMaxWidth);
   detail::require_int(n * N * d, "sources", "size");
   detail::RouteSetup setup;
   for (SourceKind k : kinds) setup.evidence.push_back(has_null_evidence(k, opt.coupling_options.headless) ? 1 : 0);

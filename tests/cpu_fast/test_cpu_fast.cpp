@@ -4,6 +4,7 @@
 // validation messages; workspace reuse of the *_into API.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -188,7 +189,9 @@ TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {
 // normal result (1 of every 101 consecutive bit patterns, ~21 M points) and exact special values.
 // The subnormal range has an absolute error below the smallest subnormal.
 TEST(CpuFastExp, WithinDocumentedErrorForEveryIsa) {
-  constexpr double kMaxRel = 2.5e-7;  // docs/benchmarks.md: exhaustively measured maximum, below 2.1 ulp
+  // docs/benchmarks.md: exhaustively measured maximum 8.46e-8 relative (1.007 ulp of the exact
+  // value); 1.2e-7 = 1.007 ulp where an ulp is largest relative to the value.
+  constexpr double kMaxRel = 1.2e-7;
   IsaGuard guard;
   std::vector<float> x, y;
   auto bits_of = [](float f) { std::uint32_t b; std::memcpy(&b, &f, 4); return b; };
@@ -214,7 +217,11 @@ TEST(CpuFastExp, WithinDocumentedErrorForEveryIsa) {
       ASSERT_LE(std::abs(static_cast<double>(out) - std::exp(static_cast<double>(v))),
                 static_cast<double>(std::numeric_limits<float>::denorm_min())) << "x = " << v;
     }
-    RecordProperty("exp_max_rel_" + isa, std::to_string(worst));
+    {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3e", worst);
+      RecordProperty("exp_max_rel_" + isa, buf);
+    }
     const float special[] = {0.0f, -0.0f, -std::numeric_limits<float>::infinity(), -105.0f, 89.0f,
                              std::numeric_limits<float>::infinity()};
     float out[6];

@@ -35,6 +35,8 @@ struct AttentionOptions {
   bool return_probs = false;
   /// Plain softmax on a row with no visible key (Softmax1 is always defined).
   MaskedRow masked_row = MaskedRow::zero;
+  /// Parameters of the parametrised normalisers (clipped softmax: gamma, zeta).
+  NormParams norm_params;
 };
 
 template <class T>
@@ -73,7 +75,7 @@ AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, cons
                 s.H, ")");
   for (std::size_t h = 0; h < opt.null_logits.size(); ++h)
     OASIS_REQUIRE(std::isfinite(opt.null_logits[h]), "null_logits", "entry ", h, " is not finite");
-  OASIS_REQUIRE(opt.null_logits.empty() || opt.normalizer == RowNorm::softmax1, "null_logits",
+  OASIS_REQUIRE(opt.null_logits.empty() || has_null_category(opt.normalizer), "null_logits",
                 "given but the normaliser is ", to_string(opt.normalizer), " (no null category)");
   OASIS_REQUIRE(opt.key_lengths.empty() || static_cast<index_t>(opt.key_lengths.size()) == s.B,
                 "key_lengths", "has ", opt.key_lengths.size(), " entries, expected one per batch element (",
@@ -126,7 +128,7 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
           z[static_cast<std::size_t>(j)] = scale * dot;
         }
         const RowStats<T> st = normalize_row(opt.normalizer, z.data(), m, null_logit, p.data(),
-                                             opt.masked_row, "scores");
+                                             opt.norm_params, opt.masked_row, "scores");
         r.lse(b, h, t) = st.lse;
         r.p_null(b, h, t) = st.p_null;
         T* o = r.out.ptr(b, h, t);

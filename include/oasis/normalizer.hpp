@@ -11,9 +11,25 @@
 // Plain softmax has no value on a fully masked row. The library's documented choice
 // (MaskedRow::zero, the default) is p = 0, LSE = -inf, so that the attention output is 0,
 // the same value Softmax1 gives; MaskedRow::error throws instead.
+//
+// Baseline normalisers of the paper (SPEC §4; docs/baselines.md), on the visible keys only
+// (a -inf key is removed, so masking equals removal for every normaliser):
+//   clipped_softmax   p_j = clip((zeta - gamma) q_j + gamma, 0, 1), q = softmax(z)
+//                     (Bondarenko et al. 2023; NormParams gamma <= 0, zeta >= 1)
+//   clipped_softmax1  the same with q = Softmax1 / softmax with null logit s ("Clipped
+//                     OutEffHop", "Clipped AoS"); RowStats carries Softmax1's LSE1 and p_null
+//   sparsemax         p_j = [z_j - tau]_+, sum_j p_j = 1 (Martins & Astudillo 2016), sort-based
+//   entmax15          p_j = [z_j/2 - tau]_+^2, sum_j p_j = 1 (Peters et al. 2019, exact
+//                     sort-based threshold); for both sparse maps RowStats::lse holds tau, the
+//                     analogue of the LSE in p = exp(z - LSE), and p_null = 0.
+// Fully masked rows: clipped_softmax, sparsemax and entmax15 follow MaskedRow like plain
+// softmax (zero: p = 0, lse = -inf; error: throw); clipped_softmax1 gives p = 0, p_null = 1,
+// lse = s like Softmax1.
 #pragma once
 
+#include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "oasis/error.hpp"
 #include "oasis/scalar.hpp"
@@ -22,9 +38,25 @@ namespace oasis {
 
 /// The row normaliser of token attention or of depth routing.
 enum class RowNorm {
-  softmax,   ///< plain softmax: all mass on real candidates
-  softmax1,  ///< softmax with a null category of logit s (Softmax1 when s = 0)
+  softmax,           ///< plain softmax: all mass on real candidates
+  softmax1,          ///< softmax with a null category of logit s (Softmax1 when s = 0)
+  clipped_softmax,   ///< clip((zeta - gamma) softmax + gamma, 0, 1) (Bondarenko et al. 2023)
+  clipped_softmax1,  ///< the clip over softmax with null logit s (Clipped OutEffHop / AoS)
+  sparsemax,         ///< Euclidean projection onto the simplex, [z - tau]_+
+  entmax15,          ///< 1.5-entmax, [z/2 - tau]_+^2
 };
+
+/// Parameters of the parametrised normalisers (clipped softmax's stretch factors). Held in
+/// double and converted to the scalar type; the other normalisers ignore them.
+struct NormParams {
+  double gamma = -0.025;  ///< lower stretch, finite and <= 0 (so a masked key keeps 0)
+  double zeta = 1.0;      ///< upper stretch, finite and >= 1 (so a key can take mass 1)
+};
+
+/// True for the normalisers with a null category of logit s (softmax1, clipped_softmax1).
+inline bool has_null_category(RowNorm n) {
+  return n == RowNorm::softmax1 || n == RowNorm::clipped_softmax1;
+}
 
 /// What plain softmax does with a row that has no visible key.
 enum class MaskedRow {
@@ -33,7 +65,8 @@ enum class MaskedRow {
 };
 
 std::string_view to_string(RowNorm n);
-RowNorm parse_row_norm(std::string_view name);  // "softmax" | "softmax1"
+/// "softmax" | "softmax1" | "clipped_softmax" | "clipped_softmax1" | "sparsemax" | "entmax15"
+RowNorm parse_row_norm(std::string_view name);
 
 /// Per-row statistics of a normaliser.
 template <class T>
@@ -42,27 +75,108 @@ struct RowStats {
   T p_null;  ///< null probability; 0 for plain softmax
 };
 
-/// Normalise one row in place into p[0..m). z may hold -inf (masked); NaN or +inf throws,
-/// naming `arg`. `s` is the null logit (ignored by plain softmax) and must be finite.
+namespace detail {
+
+/// Sparsemax of the visible logits x[0..n) (n >= 1, all finite), shifted so that max x = 0.
+/// Sort descending; the support is the prefix of k with 1 + k x_(k) > sum_{r<=k} x_(r) (true
+/// exactly for k <= k*, so the scan stops at the first failure);
+/// tau = (sum_{r<=k*} x_(r) - 1) / k*; p = [x - tau]_+. Returns tau.
 template <class T>
-RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p,
+T sparsemax_threshold(const std::vector<T>& x) {
+  std::vector<T> srt(x);
+  std::sort(srt.begin(), srt.end(), [](const T& a, const T& b) { return a > b; });
+  T cum(0), cum_k(0);
+  index_t k = 0;
+  for (std::size_t r = 0; r < srt.size(); ++r) {
+    cum += srt[r];
+    if (!(T(1) + T(static_cast<double>(r + 1)) * srt[r] > cum)) break;
+    k = static_cast<index_t>(r + 1);
+    cum_k = cum;
+  }
+  // k >= 1 always: for r = 0, 1 + x_(1) > x_(1).
+  return (cum_k - T(1)) / T(static_cast<double>(k));
+}
+
+/// 1.5-entmax threshold of y[0..n) (y = (z - max z)/2, n >= 1): p = [y - tau]_+^2 with sum 1.
+/// Peters et al. (2019), Alg. 2: for each prefix k of the descending sort,
+/// tau_k = mean_k - sqrt(max(0, (1 - ss_k)/k)), ss_k = sum_{r<=k} (y_(r) - mean_k)^2; the
+/// support is the prefix of k with tau_k <= y_(k) (true exactly for k <= k*; the scan stops at
+/// the first failure). Prefix moments use Welford's update (no cancellation); tau is then
+/// re-evaluated for k* with a two-pass variance (same value in exact arithmetic).
+template <class T>
+T entmax15_threshold(const std::vector<T>& y) {
+  using std::sqrt;
+  std::vector<T> srt(y);
+  std::sort(srt.begin(), srt.end(), [](const T& a, const T& b) { return a > b; });
+  T mean(0), ss(0);
+  std::size_t k = 1;
+  for (std::size_t r = 0; r < srt.size(); ++r) {
+    const T kk = T(static_cast<double>(r + 1));
+    const T d = srt[r] - mean;
+    mean += d / kk;
+    ss += d * (srt[r] - mean);
+    T delta = (T(1) - ss) / kk;
+    if (delta < T(0)) delta = T(0);
+    if (!(mean - sqrt(delta) <= srt[r])) break;
+    k = r + 1;
+  }
+  const T kk = T(static_cast<double>(k));
+  T m(0);
+  for (std::size_t r = 0; r < k; ++r) m += srt[r];
+  m /= kk;
+  T s2(0);
+  for (std::size_t r = 0; r < k; ++r) s2 += (srt[r] - m) * (srt[r] - m);
+  T delta = (T(1) - s2) / kk;
+  if (delta < T(0)) delta = T(0);
+  return m - sqrt(delta);
+}
+
+}  // namespace detail
+
+/// Normalise one row in place into p[0..m). z may hold -inf (masked); NaN or +inf throws,
+/// naming `arg`. `s` is the null logit (used by softmax1 and clipped_softmax1, which require it
+/// finite; ignored otherwise). `np` holds clipped softmax's gamma and zeta.
+template <class T>
+RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p, const NormParams& np,
                           MaskedRow policy = MaskedRow::zero, const char* arg = "z") {
   using std::exp; using std::log;
   OASIS_REQUIRE(m >= 0, "m", "negative row length ", m);
   for (index_t j = 0; j < m; ++j)
     OASIS_REQUIRE(!is_nan(z[j]) && !is_pos_inf(z[j]), arg,
                   "logit ", to_double(z[j]), " at index ", j, " (NaN and +inf are not allowed; mask with -inf)");
-  const bool has_null = kind == RowNorm::softmax1;
+  const bool clipped = kind == RowNorm::clipped_softmax || kind == RowNorm::clipped_softmax1;
+  if (clipped) {
+    OASIS_REQUIRE(std::isfinite(np.gamma) && np.gamma <= 0.0, "gamma",
+                  "clipped softmax needs a finite gamma <= 0, got ", np.gamma);
+    OASIS_REQUIRE(std::isfinite(np.zeta) && np.zeta >= 1.0, "zeta",
+                  "clipped softmax needs a finite zeta >= 1, got ", np.zeta);
+  }
+  const bool has_null = has_null_category(kind);
   if (has_null) OASIS_REQUIRE(is_finite(s), "null_logit", "must be finite, got ", to_double(s));
 
   T M = has_null ? s : neg_inf<T>();
   for (index_t j = 0; j < m; ++j) if (z[j] > M) M = z[j];
 
-  if (!has_null && is_neg_inf(M)) {  // plain softmax, fully masked row
-    OASIS_REQUIRE(policy == MaskedRow::zero, arg,
-                  "plain softmax on a fully masked row (no visible key) and MaskedRow::error was requested");
+  if (!has_null && is_neg_inf(M)) {  // no null category, fully masked row
+    OASIS_REQUIRE(policy == MaskedRow::zero, arg, "plain ", to_string(kind),
+                  " on a fully masked row (no visible key) and MaskedRow::error was requested");
     for (index_t j = 0; j < m; ++j) p[j] = T(0);
     return {neg_inf<T>(), T(0)};
+  }
+
+  if (kind == RowNorm::sparsemax || kind == RowNorm::entmax15) {
+    // Shift by the maximum (both maps are invariant to z + c); sparse maps ignore s.
+    const bool ent = kind == RowNorm::entmax15;
+    std::vector<T> x;
+    for (index_t j = 0; j < m; ++j)
+      if (!is_neg_inf(z[j])) x.push_back(ent ? (z[j] - M) / T(2) : z[j] - M);
+    const T tau = ent ? detail::entmax15_threshold(x) : detail::sparsemax_threshold(x);
+    for (index_t j = 0; j < m; ++j) {
+      if (is_neg_inf(z[j])) { p[j] = T(0); continue; }
+      const T d = (ent ? (z[j] - M) / T(2) : z[j] - M) - tau;
+      p[j] = d > T(0) ? (ent ? d * d : d) : T(0);
+    }
+    return {ent ? tau + M / T(2) : tau + M, T(0)};
   }
 
   T S = has_null ? exp(s - M) : T(0);
@@ -73,7 +187,24 @@ RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p,
   const T inv = T(1) / S;
   for (index_t j = 0; j < m; ++j) p[j] *= inv;
   const T lse = M + log(S);
+  if (clipped) {
+    // p_j = clip((zeta - gamma) q_j + gamma, 0, 1) on visible keys; masked keys stay 0.
+    const T a = T(np.zeta) - T(np.gamma), g = T(np.gamma);
+    for (index_t j = 0; j < m; ++j) {
+      if (is_neg_inf(z[j])) continue;
+      const T c = a * p[j] + g;
+      p[j] = c < T(0) ? T(0) : (c > T(1) ? T(1) : c);
+    }
+  }
   return {lse, has_null ? exp(s - M) * inv : T(0)};
+}
+
+/// Normalise one row with the default NormParams (gamma = -0.025, zeta = 1 for the clipped
+/// normalisers); see the overload above.
+template <class T>
+RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p,
+                          MaskedRow policy = MaskedRow::zero, const char* arg = "z") {
+  return normalize_row(kind, z, m, s, p, NormParams{}, policy, arg);
 }
 
 /// A normalised row with its statistics.
@@ -108,10 +239,35 @@ RowProbs<T> softmax(const Vec<T>& z, MaskedRow policy = MaskedRow::zero) {
   return r;
 }
 
-/// Either normaliser by name; `s` is used only by softmax1.
+/// Any normaliser by name; `s` is used only by the normalisers with a null category, `np` only
+/// by the clipped ones.
+template <class T>
+RowProbs<T> normalize(RowNorm kind, const Vec<T>& z, const T& s, const NormParams& np,
+                      MaskedRow policy = MaskedRow::zero) {
+  RowProbs<T> r{Vec<T>(z.size()), T(0), T(0)};
+  const RowStats<T> st = normalize_row(kind, z.data(), z.size(), s, r.p.data(), np, policy);
+  r.p_null = st.p_null;
+  r.lse = st.lse;
+  return r;
+}
+
+/// Any normaliser by name with the default NormParams; `s` is used only by softmax1 and
+/// clipped_softmax1.
 template <class T>
 RowProbs<T> normalize(RowNorm kind, const Vec<T>& z, const T& s = T(0), MaskedRow policy = MaskedRow::zero) {
-  return kind == RowNorm::softmax1 ? softmax_null(z, s) : softmax(z, policy);
+  return normalize(kind, z, s, NormParams{}, policy);
+}
+
+/// Sparsemax (RowProbs::lse holds the threshold tau: p = [z - tau]_+).
+template <class T>
+RowProbs<T> sparsemax(const Vec<T>& z, MaskedRow policy = MaskedRow::zero) {
+  return normalize(RowNorm::sparsemax, z, T(0), NormParams{}, policy);
+}
+
+/// 1.5-entmax (RowProbs::lse holds the threshold tau: p = [z/2 - tau]_+^2).
+template <class T>
+RowProbs<T> entmax15(const Vec<T>& z, MaskedRow policy = MaskedRow::zero) {
+  return normalize(RowNorm::entmax15, z, T(0), NormParams{}, policy);
 }
 
 /// LSE_keys = log sum_k e^{z_k} (-inf for an empty or fully masked row).
@@ -122,13 +278,23 @@ T logsumexp(const Vec<T>& z) {
 }
 
 inline std::string_view to_string(RowNorm n) {
-  return n == RowNorm::softmax ? "softmax" : "softmax1";
+  switch (n) {
+    case RowNorm::softmax: return "softmax";
+    case RowNorm::softmax1: return "softmax1";
+    case RowNorm::clipped_softmax: return "clipped_softmax";
+    case RowNorm::clipped_softmax1: return "clipped_softmax1";
+    case RowNorm::sparsemax: return "sparsemax";
+    case RowNorm::entmax15: return "entmax15";
+  }
+  return "unknown";
 }
 inline RowNorm parse_row_norm(std::string_view name) {
-  if (name == "softmax") return RowNorm::softmax;
-  if (name == "softmax1") return RowNorm::softmax1;
+  for (RowNorm n : {RowNorm::softmax, RowNorm::softmax1, RowNorm::clipped_softmax, RowNorm::clipped_softmax1,
+                    RowNorm::sparsemax, RowNorm::entmax15})
+    if (name == to_string(n)) return n;
   throw invalid_argument("normalizer", "unknown row normaliser '" + std::string(name) +
-                                           "' (expected softmax or softmax1)");
+                                           "' (expected softmax, softmax1, clipped_softmax, clipped_softmax1, "
+                                           "sparsemax or entmax15)");
 }
 
 }  // namespace oasis

@@ -1,0 +1,236 @@
+// oasis/baselines.hpp — the paper's baseline attention mechanisms (SPEC §4, docs/baselines.md).
+//
+// Token normalisers (clipped softmax and its Softmax1 form, sparsemax, entmax-1.5) are RowNorm
+// values of oasis/normalizer.hpp and run through oasis::token_attention; this header adds the
+// mechanisms that change the attention function itself:
+//
+//   S1  learnable sink logit      softmax with a per-head null logit s_h (SPEC §1):
+//                                 p_j = e^{z_j} / (e^{s_h} + sum_k e^{z_k}), null value 0.
+//                                 It is AttentionOptions{normalizer = softmax1, null_logits = s};
+//                                 sink_logit_options() builds those options.
+//   S2  prefix sink token         one learned key k^s_g and value v^s_g per kv head g, prepended
+//                                 at key position 0 and visible to every query (Son et al. 2024):
+//                                 z_{t,0} = scale <q_t, k^s_g>, A_t = sum_{j=0..Tk} p_{t,j} v'_j.
+//   gated attention               per-head, per-token gate on each head's context before the
+//                                 output projection, computed from the block input x (the same
+//                                 normalised input that produces q, k, v):
+//                                 G_{b,h,t} = sigmoid(<x_{b,t}, w_h> + c_h), out_{b,h,t} = G A_{b,h,t}.
+//   StreamingLLM cache policy     incremental decoding keeps the first n_sink keys and the most
+//                                 recent `window` keys of the visible prefix (Xiao et al. 2024).
+//
+// Combinations of the paper ("Clipped/Gated OutEffHop/AoS") are options of these functions:
+// e.g. gated attention with AttentionOptions::normalizer = softmax1 is Gated OutEffHop/AoS.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "oasis/attention.hpp"
+#include "oasis/error.hpp"
+#include "oasis/tensor.hpp"
+
+namespace oasis {
+
+// ------------------------------------------------------------------------------------------------
+// S1: learnable sink logit.
+
+/// Options of the S1 baseline: softmax with a learned per-query-head null logit (size H).
+/// Equivalent to softmax over [z_1..z_m, s_h] with the last (null, value 0) entry dropped.
+inline AttentionOptions sink_logit_options(std::vector<double> sink_logits, AttentionOptions base = {}) {
+  OASIS_REQUIRE(!sink_logits.empty(), "sink_logits", "needs one logit per query head, got none");
+  base.normalizer = RowNorm::softmax1;
+  base.null_logits = std::move(sink_logits);
+  return base;
+}
+
+// ------------------------------------------------------------------------------------------------
+// S2: prefix sink token with a learned key and value.
+
+template <class T>
+struct PrefixSinkResult {
+  AttentionResult<T> attn;  ///< over Tk + 1 keys; probs (if requested) [B, H, Tq, Tk + 1], column 0 = sink
+  Tensor<T> p_sink;         ///< [B, H, Tq] probability of the sink key
+};
+
+/// Attention with a learned sink token prepended to every sequence (baseline S2).
+/// sink_k [H_kv, d_h], sink_v [H_kv, d_v]. Key lengths of `opt` count real keys only; the sink
+/// is always visible (also to causal queries and to rows whose real keys are all padding), so no
+/// row is ever fully masked. The sink is not rotated by any positional encoding (q, k are
+/// taken as given).
+template <class T>
+PrefixSinkResult<T> prefix_sink_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                          const Tensor<T>& sink_k, const Tensor<T>& sink_v,
+                                          const AttentionOptions& opt = {}) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  require_rank(sink_k, 2, "sink_k", "[H_kv, d_h]");
+  require_rank(sink_v, 2, "sink_v", "[H_kv, d_v]");
+  OASIS_REQUIRE(sink_k.dim(0) == s.H_kv && sink_k.dim(1) == s.d_h, "sink_k", "shape ",
+                shape_str(sink_k.shape()), " expected [", s.H_kv, ", ", s.d_h, "]");
+  OASIS_REQUIRE(sink_v.dim(0) == s.H_kv && sink_v.dim(1) == s.d_v, "sink_v", "shape ",
+                shape_str(sink_v.shape()), " expected [", s.H_kv, ", ", s.d_v, "]");
+  require_finite(sink_k, "sink_k");
+  require_finite(sink_v, "sink_v");
+
+  // k' = [sink; k], v' = [sink; v] along the key axis.
+  Tensor<T> k2({s.B, s.H_kv, s.Tk + 1, s.d_h}), v2({s.B, s.H_kv, s.Tk + 1, s.d_v});
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t g = 0; g < s.H_kv; ++g) {
+      std::copy(sink_k.ptr(g), sink_k.ptr(g) + s.d_h, k2.ptr(b, g, 0));
+      std::copy(sink_v.ptr(g), sink_v.ptr(g) + s.d_v, v2.ptr(b, g, 0));
+      std::copy(k.ptr(b, g), k.ptr(b, g) + s.Tk * s.d_h, k2.ptr(b, g, 1));
+      std::copy(v.ptr(b, g), v.ptr(b, g) + s.Tk * s.d_v, v2.ptr(b, g, 1));
+    }
+  AttentionOptions o = opt;
+  for (index_t& n : o.key_lengths) n += 1;  // the sink is a real, always visible key
+  // Causal visibility is bottom-right aligned (j <= t + Tk' - Tq), so prepending one key keeps
+  // each query's real keys and adds the sink.
+  o.return_probs = true;
+  PrefixSinkResult<T> r;
+  r.attn = token_attention(q, k2, v2, o);
+  r.p_sink = Tensor<T>({s.B, s.H, s.Tq});
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h)
+      for (index_t t = 0; t < s.Tq; ++t) r.p_sink(b, h, t) = r.attn.probs(b, h, t, 0);
+  if (!opt.return_probs) r.attn.probs = Tensor<T>();
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Gated attention.
+
+/// Per-head, per-token gates G[b, h, t] = sigmoid(<x[b, t, :], w_gate[h, :]> + b_gate[h]).
+/// x [B, T, d] is the block input; w_gate [H, d]; b_gate [H] or empty (no bias).
+template <class T>
+Tensor<T> head_gates(const Tensor<T>& x, const Tensor<T>& w_gate, const Tensor<T>& b_gate = {}) {
+  require_rank(x, 3, "x", "[B, T, d]");
+  require_rank(w_gate, 2, "w_gate", "[H, d]");
+  const index_t B = x.dim(0), T_ = x.dim(1), d = x.dim(2), H = w_gate.dim(0);
+  OASIS_REQUIRE(B > 0 && T_ > 0 && d > 0, "x", "empty dimension in shape ", shape_str(x.shape()));
+  OASIS_REQUIRE(H > 0, "w_gate", "needs at least one head, got shape ", shape_str(w_gate.shape()));
+  OASIS_REQUIRE(w_gate.dim(1) == d, "w_gate", "width ", w_gate.dim(1), " differs from x's width ", d);
+  OASIS_REQUIRE(b_gate.empty() || (b_gate.rank() == 1 && b_gate.dim(0) == H), "b_gate", "shape ",
+                shape_str(b_gate.shape()), " expected [", H, "] or empty");
+  require_finite(x, "x");
+  require_finite(w_gate, "w_gate");
+  require_finite(b_gate, "b_gate");
+  Tensor<T> g({B, H, T_});
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < T_; ++t) {
+        T a = b_gate.empty() ? T(0) : b_gate[h];
+        const T* xt = x.ptr(b, t);
+        const T* wh = w_gate.ptr(h);
+        for (index_t c = 0; c < d; ++c) a += xt[c] * wh[c];
+        g(b, h, t) = sigmoid(a);
+      }
+  return g;
+}
+
+template <class T>
+struct GatedAttentionResult {
+  AttentionResult<T> attn;  ///< attn.out is the gated context G * A; lse/p_null/probs are ungated
+  Tensor<T> gates;          ///< [B, H, Tq]
+};
+
+/// Gated attention (reference): token attention with any normaliser (softmax: "Gated
+/// Attention"; softmax1: "Gated OutEffHop/AoS"), then each head's context scaled by its gate,
+/// before the output projection. x [B, Tq, d] is the block input of the queries.
+template <class T>
+GatedAttentionResult<T> gated_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                        const Tensor<T>& x, const Tensor<T>& w_gate,
+                                        const Tensor<T>& b_gate = {}, const AttentionOptions& opt = {}) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  require_rank(x, 3, "x", "[B, Tq, d]");
+  OASIS_REQUIRE(x.dim(0) == s.B && x.dim(1) == s.Tq, "x", "shape ", shape_str(x.shape()),
+                " does not match q's [B, Tq] = [", s.B, ", ", s.Tq, "]");
+  OASIS_REQUIRE(w_gate.rank() == 2 && w_gate.dim(0) == s.H, "w_gate", "shape ", shape_str(w_gate.shape()),
+                " expected [H = ", s.H, ", d]");
+  GatedAttentionResult<T> r;
+  r.gates = head_gates(x, w_gate, b_gate);
+  r.attn = token_attention(q, k, v, opt);
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h)
+      for (index_t t = 0; t < s.Tq; ++t) {
+        T* o = r.attn.out.ptr(b, h, t);
+        const T g = r.gates(b, h, t);
+        for (index_t c = 0; c < s.d_v; ++c) o[c] *= g;
+      }
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// StreamingLLM-style cache policy.
+
+/// The cache policy: keep the first n_sink keys and the `window` most recent keys.
+struct StreamingPolicy {
+  index_t n_sink = 4;    ///< attention-sink tokens kept from the start (StreamingLLM uses 4)
+  index_t window = 1020; ///< most recent keys kept (the current token included)
+};
+
+/// Key indices, ascending, that the policy keeps visible when `n_visible` keys (positions
+/// 0..n_visible-1) are in the past of the query: [0, min(n_sink, n)) union [max(n_sink, n - window), n).
+/// All n keys are kept when n <= n_sink + window.
+inline std::vector<index_t> streaming_kept_keys(index_t n_visible, const StreamingPolicy& pol) {
+  OASIS_REQUIRE(n_visible >= 0, "n_visible", "must be >= 0, got ", n_visible);
+  OASIS_REQUIRE(pol.n_sink >= 0, "n_sink", "must be >= 0, got ", pol.n_sink);
+  OASIS_REQUIRE(pol.window >= 0, "window", "must be >= 0, got ", pol.window);
+  OASIS_REQUIRE(pol.n_sink + pol.window > 0, "window", "n_sink + window must keep at least one key");
+  std::vector<index_t> keep;
+  const index_t head = std::min(pol.n_sink, n_visible);
+  for (index_t j = 0; j < head; ++j) keep.push_back(j);
+  for (index_t j = std::max(head, n_visible - pol.window); j < n_visible; ++j) keep.push_back(j);
+  return keep;
+}
+
+/// Attention of queries under the streaming cache policy: query t of batch b first gets its
+/// visible prefix from `opt` (padding, causal bottom-right alignment — incremental decoding is
+/// Tq = 1 at the end of Tk keys), then only the policy's kept keys of that prefix. Evaluated as
+/// oasis::token_attention on the gathered keys (evicted keys are removed, not -inf-masked, which
+/// is the same). probs (if requested) are [B, H, Tq, Tk] with zeros at evicted keys. Scores use
+/// the keys as given: StreamingLLM's re-assignment of positions inside the cache is the caller's
+/// positional encoding of q and k.
+template <class T>
+AttentionResult<T> streaming_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                       const StreamingPolicy& pol, const AttentionOptions& opt = {}) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  streaming_kept_keys(0, pol);  // validates the policy
+  AttentionResult<T> r;
+  r.out = Tensor<T>({s.B, s.H, s.Tq, s.d_v});
+  r.lse = Tensor<T>({s.B, s.H, s.Tq});
+  r.p_null = Tensor<T>({s.B, s.H, s.Tq});
+  if (opt.return_probs) r.probs = Tensor<T>({s.B, s.H, s.Tq, s.Tk});
+
+  AttentionOptions o = opt;
+  o.causal = false;
+  o.key_lengths.clear();
+  o.return_probs = true;
+  Tensor<T> q1({1, s.H, 1, s.d_h});
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const std::vector<index_t> keep = streaming_kept_keys(visible_keys(s, opt, b, t), pol);
+      const index_t n = static_cast<index_t>(keep.size());
+      for (index_t h = 0; h < s.H; ++h) std::copy(q.ptr(b, h, t), q.ptr(b, h, t) + s.d_h, q1.ptr(0, h, 0));
+      // A row with no visible key keeps one (dummy) key masked by key_lengths = 0, so the
+      // normaliser's fully-masked-row rule applies exactly as in token_attention.
+      const index_t nk = std::max<index_t>(n, 1);
+      Tensor<T> k1({1, s.H_kv, nk, s.d_h}), v1({1, s.H_kv, nk, s.d_v});
+      for (index_t g = 0; g < s.H_kv; ++g)
+        for (index_t i = 0; i < n; ++i) {
+          const index_t j = keep[static_cast<std::size_t>(i)];
+          std::copy(k.ptr(b, g, j), k.ptr(b, g, j) + s.d_h, k1.ptr(0, g, i));
+          std::copy(v.ptr(b, g, j), v.ptr(b, g, j) + s.d_v, v1.ptr(0, g, i));
+        }
+      o.key_lengths.assign(1, n);
+      const AttentionResult<T> a = token_attention(q1, k1, v1, o);
+      for (index_t h = 0; h < s.H; ++h) {
+        std::copy(a.out.ptr(0, h, 0), a.out.ptr(0, h, 0) + s.d_v, r.out.ptr(b, h, t));
+        r.lse(b, h, t) = a.lse(0, h, 0);
+        r.p_null(b, h, t) = a.p_null(0, h, 0);
+        if (opt.return_probs)
+          for (index_t i = 0; i < n; ++i) r.probs(b, h, t, keep[static_cast<std::size_t>(i)]) = a.probs(0, h, 0, i);
+      }
+    }
+  return r;
+}
+
+}  // namespace oasis

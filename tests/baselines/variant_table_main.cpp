@@ -1,0 +1,32 @@
+// oasis-variant-table: prints, for a small model with identical weights under each variant
+// (SPEC §4 table and the token-normaliser baselines), the outlier metrics of its trace and the
+// output error under fake weight quantisation (tests/baselines/variant_table.hpp).
+//   usage: oasis_variant_table [--seed N] [--seq T]
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "variant_table.hpp"
+
+int main(int argc, char** argv) {
+  using namespace oasis::baselines_table;
+  TableOptions opt = default_table_options();
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if ((a == "--seed" || a == "--seq") && i + 1 < argc) {
+        const long long v = std::stoll(argv[++i]);
+        OASIS_REQUIRE(v > 0, a, "must be positive, got ", v);
+        if (a == "--seed") opt.seed = static_cast<std::uint64_t>(v);
+        else opt.seq = static_cast<oasis::index_t>(v);
+      } else {
+        throw oasis::invalid_argument(a, "unknown option (usage: oasis_variant_table [--seed N] [--seq T])");
+      }
+    }
+    print_table(std::cout, opt, variant_table(opt));
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

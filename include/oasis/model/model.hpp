@@ -95,6 +95,7 @@ struct SublayerTrace {
   double beta = 0;                  ///< coupling strength used (0 when not coupled)
   std::vector<SourceKind> source_kinds;
   std::vector<std::string> source_names;
+  Tensor<T> sources;                ///< [n, B, T, d] candidate values
   Tensor<T> g_old, g, psi, dpsi, alpha;  ///< [n, B, T]
   Tensor<T> alpha_null;             ///< [B, T]
   /// Kimi: input = routed state h_l feeding the sublayer; authors_code: input = the previous
@@ -231,14 +232,17 @@ class Model {
   /// decoding; a fresh state gives the full forward).
   ForwardResult<T> run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt) const;
 
- private:
+ public:
+  /// theta of a router (theta_init when the variant has no coupling parameter).
   double theta_of(const std::string& router) const {
     return variant_spec(cfg_.variant).coupling ? to_double(param(router + ".theta")[0]) : cfg_.theta_init;
   }
+  /// Key-norm gain of a Kimi router (empty when key_norm_gain is off).
   const Tensor<T>& gain_of(const std::string& router) const {
     static const Tensor<T> none;
     return cfg_.key_norm_gain ? param(router + ".key_norm.weight") : none;
   }
+  /// Weights of the attention sublayer of block b.
   AttentionWeights<T> attn_weights(index_t b) const {
     const std::string L = "layers." + std::to_string(b);
     return {&param(L + ".attn_norm.weight"), &param(L + ".attn.q_proj.weight"), &param(L + ".attn.k_proj.weight"),
@@ -246,12 +250,14 @@ class Model {
             cfg_.qk_norm ? &param(L + ".attn.q_norm.weight") : nullptr,
             cfg_.qk_norm ? &param(L + ".attn.k_norm.weight") : nullptr};
   }
+  /// Weights of the MLP sublayer of block b.
   MlpWeights<T> mlp_weights(index_t b) const {
     const std::string L = "layers." + std::to_string(b);
     return {&param(L + ".mlp_norm.weight"), &param(L + ".mlp.gate_proj.weight"), &param(L + ".mlp.up_proj.weight"),
             &param(L + ".mlp.down_proj.weight")};
   }
 
+ private:
   ModelConfig cfg_;
   std::map<std::string, Tensor<T>> params_;
 };
@@ -271,6 +277,7 @@ void record_route(SublayerTrace<T>& tr, const RouteResult<T>& r, index_t B, inde
   tr.beta = r.options.coupling ? to_double(depth_beta<double>(r.options)) : 0.0;
   tr.source_kinds = r.kinds;
   tr.source_names = r.names;
+  tr.sources = r.sources.reshaped({n, B, Tn, r.sources.dim(2)});
   tr.g_old = r.g_old.reshaped({n, B, Tn});
   tr.g = r.route.g.reshaped({n, B, Tn});
   tr.psi = r.psi.reshaped({n, B, Tn});

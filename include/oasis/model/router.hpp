@@ -37,6 +37,7 @@ struct DepthSource {
 template <class T>
 struct RouteResult {
   Rows<T> h;                       ///< [N, d] routed state
+  Tensor<T> sources;               ///< [n, N, d] candidate values
   DepthRoute<T> route;             ///< alpha [n, N], alpha_null [N], coupled g [n, N], dpsi [n, N]
   Tensor<T> g_old;                 ///< [n, N] logits before coupling (after the no-coupling clamp)
   Tensor<T> psi;                   ///< [n, N] psi of each candidate as given to the coupling
@@ -79,6 +80,7 @@ RouteResult<T> finish_route(const std::vector<const DepthSource<T>*>& c, const T
   r.route = attn_res_route(sources, g_old, r.psi, r.kinds, r.options);
   r.g_old = std::move(g_old);
   r.h.x = r.route.h;
+  r.sources = sources;
   if (em.on()) {
     const HeadlessRule rule = r.options.coupling_options.headless;
     const double beta = to_double(depth_beta<double>(r.options));

@@ -26,6 +26,13 @@ TEST(BaselineVariantTable, RowsAreSane) {
     EXPECT_TRUE(std::isfinite(r.outliers.max_kurtosis) && r.outliers.max_inf_norm > 0) << r.name;
     EXPECT_GE(r.null_mass, 0.0);
     EXPECT_LE(r.null_mass, 1.0);
+    // BOS mass >= 1/T for softmax rows (query 0 sees only key 0), entropy <= log T.
+    EXPECT_GT(r.bos_mass, 0.0) << r.name;
+    EXPECT_LE(r.bos_mass, 1.0) << r.name;
+    EXPECT_GE(r.sink_rate, 0.0);
+    EXPECT_LE(r.sink_rate, 1.0);
+    EXPECT_GE(r.entropy, 0.0) << r.name;
+    EXPECT_LE(r.entropy, std::log(static_cast<double>(opt.seq) + 1.0)) << r.name;  // T keys + null
     ASSERT_EQ(r.quant_error.size(), 3u);
     for (double e : r.quant_error) EXPECT_TRUE(std::isfinite(e) && e > 0) << r.name;
     // 8-bit steps are 4x and 16x finer than 6- and 4-bit ones.

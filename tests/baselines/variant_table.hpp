@@ -9,6 +9,11 @@
 //
 // Tracked tensors (metrics.hpp): the hidden state h_l entering every sublayer and the readout
 // state. Null mass: mean p_null of the token attentions; depth null mass: mean alpha_null.
+// BOS mass, sink rate (epsilon 0.3) and attention entropy (null category included) need the
+// attention probabilities, which the trace does not keep: attention_probs() recomputes them
+// from the traced sublayer input with the model's own layer functions (layers.hpp) and checks
+// that the recomputed LSE and p_null equal the traced ones bitwise, so a divergence from the
+// model's attention sublayer cannot go unnoticed.
 // Quantised output error: relative RMS of the logits, ||logits_q - logits|| / ||logits||, with
 // the linear-layer weights (q, k, v, o, gate, up, down) fake-quantised by the preset's weight
 // scheme; embeddings, LM head, norms and router parameters stay in full precision (as in
@@ -57,6 +62,9 @@ struct VariantRow {
   OutlierSummary outliers;
   double null_mass = 0;        ///< mean token p_null over attention sublayers
   double depth_null_mass = 0;  ///< mean alpha_null over routers (0 without routing)
+  double bos_mass = 0;         ///< mean over attention layers of bos_mass
+  double sink_rate = 0;        ///< fraction of (layer, head) with first-key importance > 0.3
+  double entropy = 0;          ///< mean attention entropy (nats), null category included
   std::vector<double> quant_error;  ///< per preset: relative RMS logit error
 };
 
@@ -85,6 +93,47 @@ inline bool is_quantised_linear(const std::string& name) {
         name.rfind("_res.", std::string::npos) == std::string::npos)
       return true;
   return false;
+}
+
+/// Attention probabilities [B, H, T, T] of the attention sublayer `tr` (block `blk`) of model m,
+/// recomputed from tr.input exactly as layers.hpp attention_sublayer computes them (pre-norm,
+/// q/k/v projections, optional q/k norm, RoPE from position 0, causal token attention).
+inline Tensor<double> attention_probs(const Model<double>& m, const SublayerTrace<double>& tr, index_t blk) {
+  const ModelConfig& cfg = m.config();
+  const std::string L = "layers." + std::to_string(blk);
+  const index_t B = tr.input.dim(0), Tn = tr.input.dim(1), H = cfg.n_heads, Hkv = cfg.kv_heads(),
+                dh = cfg.head_dim();
+  const ErrorModel em{};
+  const Rows<double> h{tr.input.reshaped({B * Tn, cfg.d_model}), {}};
+  const Rows<double> xn = rms_norm(h, m.param(L + ".attn_norm.weight"), KeyNormOptions{cfg.norm_eps, false}, em);
+  Rows<double> q = linear(xn, m.param(L + ".attn.q_proj.weight"), em);
+  Rows<double> k = linear(xn, m.param(L + ".attn.k_proj.weight"), em);
+  const Rows<double> v = linear(xn, m.param(L + ".attn.v_proj.weight"), em);
+  if (cfg.qk_norm) {
+    q = head_rms_norm(q, H, dh, m.param(L + ".attn.q_norm.weight"), cfg.norm_eps, em);
+    k = head_rms_norm(k, Hkv, dh, m.param(L + ".attn.k_norm.weight"), cfg.norm_eps, em);
+  }
+  q = rope(q, H, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);
+  k = rope(k, Hkv, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);
+  const Tensor<double> kh = append_heads(Tensor<double>(), k.x, B, Tn, Hkv, dh);
+  const Tensor<double> vh = append_heads(Tensor<double>(), v.x, B, Tn, Hkv, dh);
+  Tensor<double> qh({B, H, Tn, dh});
+  for (index_t b = 0; b < B; ++b)
+    for (index_t hh = 0; hh < H; ++hh)
+      for (index_t t = 0; t < Tn; ++t)
+        for (index_t c = 0; c < dh; ++c) qh(b, hh, t, c) = q.x(b * Tn + t, hh * dh + c);
+  AttentionOptions o;
+  o.normalizer = cfg.token_norm();
+  o.causal = true;
+  o.return_probs = true;
+  const AttentionResult<double> a = token_attention(qh, kh, vh, o);
+  for (index_t i = 0; i < a.lse.size(); ++i) {
+    const bool same_lse = a.lse[i] == tr.lse[i] || (std::isinf(a.lse[i]) && std::isinf(tr.lse[i]));
+    OASIS_REQUIRE(same_lse && a.p_null[i] == tr.p_null[i], tr.name,
+                  "recomputed attention differs from the traced one at flat index ", i,
+                  " (the model's attention sublayer changed; update attention_probs)");
+  }
+  return a.probs;
 }
 
 inline double rel_rms(const Tensor<double>& a, const Tensor<double>& ref) {
@@ -132,13 +181,17 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
     r.name = vc.name;
     r.token = std::string(to_string(cfg.token_norm()));
     r.depth = cfg.attn_res() ? std::string(to_string(variant_spec(cfg.variant).depth)) : "residual";
-    std::vector<Tensor<double>> tracked;
+    std::vector<Tensor<double>> tracked, probs;
     double pn = 0, an = 0;
     index_t n_att = 0, n_route = 0;
     for (const SublayerTrace<double>& tr : fp.trace) {
       if (tr.kind != SublayerKind::readout && !tr.input.empty()) tracked.push_back(tr.input);
       if (tr.kind == SublayerKind::attention && !tr.p_null.empty()) {
         pn += null_mass(tr.p_null);
+        const Tensor<double> p = attention_probs(m, tr, n_att);
+        r.bos_mass += bos_mass(p);
+        r.entropy += attention_entropy(p, tr.p_null);
+        probs.push_back(p);
         ++n_att;
       }
       if (tr.has_route && !tr.alpha_null.empty()) {
@@ -151,6 +204,9 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
     tracked.push_back(fp.state);
     r.outliers = outlier_summary(tracked);
     r.null_mass = n_att ? pn / static_cast<double>(n_att) : 0.0;
+    r.bos_mass /= static_cast<double>(n_att);
+    r.entropy /= static_cast<double>(n_att);
+    r.sink_rate = sink_rate(probs);
     r.depth_null_mass = n_route ? an / static_cast<double>(n_route) : 0.0;
 
     for (const std::string& preset : opt.presets) {
@@ -171,9 +227,12 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
      << opt.base.n_heads << ", B " << opt.batch << ", T " << opt.seq << ", seed " << opt.seed
      << ", init_std " << opt.base.init_std << "\n";
   os << "# quant columns: relative RMS logit error, weights fake-quantised (W-only; activations full precision)\n";
+  os << "# null: token p_null, d_null: depth alpha_null, bos: first-key mass, sink: sink rate (eps 0.3),\n"
+     << "# entropy: attention entropy in nats with the null category\n";
   os << std::left << std::setw(20) << "variant" << std::setw(18) << "token" << std::setw(10) << "depth" << std::right
      << std::setw(10) << "avg_kurt" << std::setw(10) << "max_kurt" << std::setw(10) << "max_inf" << std::setw(10)
-     << "null" << std::setw(10) << "d_null";
+     << "null" << std::setw(10) << "d_null" << std::setw(10) << "bos" << std::setw(10) << "sink" << std::setw(10)
+     << "entropy";
   for (const std::string& p : opt.presets) os << std::setw(12) << (p + "-W");
   os << "\n";
   os << std::fixed;
@@ -181,7 +240,8 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
     os << std::left << std::setw(20) << r.name << std::setw(18) << r.token << std::setw(10) << r.depth << std::right
        << std::setprecision(3) << std::setw(10) << r.outliers.avg_kurtosis << std::setw(10) << r.outliers.max_kurtosis
        << std::setw(10) << r.outliers.max_inf_norm << std::setw(10) << r.null_mass << std::setw(10)
-       << r.depth_null_mass;
+       << r.depth_null_mass << std::setw(10) << r.bos_mass << std::setw(10) << r.sink_rate << std::setw(10)
+       << r.entropy;
     os << std::setprecision(6);
     for (double e : r.quant_error) os << std::setw(12) << e;
     os << "\n";

@@ -495,11 +495,13 @@ CompareReport op_pseudo_query(const TensorMap& in, const TensorMap& out, const O
   KeyNormOptions k;
   k.eps = o.number("eps", k.eps);
   k.compute_in_float32 = o.boolean("compute_in_float32", false);
-  const Ref g = pseudo_query_logits(src.values.cast<mp50>(), w.values.cast<mp50>(), gain.cast<mp50>(), k);
+  // (a default Tensor has shape [] and casts to one element: keep "no gain" empty)
+  const Ref g = pseudo_query_logits(src.values.cast<mp50>(), w.values.cast<mp50>(),
+                                    gain.empty() ? Ref() : gain.cast<mp50>(), k);
   PlainBounds bounds([&](bool wide) {
     auto run = [&](auto tag) {
       using T = decltype(tag);
-      return BoundMap{{"g", bounds::pseudo_query_logits_bounds(as<T>(src), as<T>(w), as<T>(gain), k)}};
+      return BoundMap{{"g", bounds::pseudo_query_logits_bounds(as<T>(src), as<T>(w), gain.empty() ? Tensor<T>() : as<T>(gain), k)}};
     };
     return wide ? run(double{}) : run(float{});
   });

@@ -1,0 +1,45 @@
+# tests/verify/worked_example.cmake — runs exactly the walkthrough of docs/verify.md:
+#   producer DIR;                 oasis-verify compare DIR/attention.json -> exit 0
+#                                 oasis-verify compare DIR/psi.json       -> exit 0
+#   producer DIR --mistake lse;   compare attention.json -> exit 1, lse and p_null FAIL, out PASS,
+#                                 the first mismatch named lse[0, 0, 0]
+#   producer DIR --mistake psi-sum; compare psi.json -> exit 1, psi FAIL at psi[0, 0]
+# Invoked as cmake -DPRODUCER=.. -DVERIFY=.. -DWORK=.. -P worked_example.cmake
+function(run_step expect_rc)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "$ ${ARGN}\n${out}${err}")
+  if(NOT rc EQUAL expect_rc)
+    message(FATAL_ERROR "expected exit status ${expect_rc}, got ${rc}")
+  endif()
+  set(LAST_OUTPUT "${out}" PARENT_SCOPE)
+endfunction()
+function(expect_match regex)
+  if(NOT LAST_OUTPUT MATCHES "${regex}")
+    message(FATAL_ERROR "output does not match '${regex}'")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK})
+foreach(d good lse psi)
+  file(MAKE_DIRECTORY ${WORK}/${d})
+endforeach()
+
+run_step(0 ${PRODUCER} ${WORK}/good)
+run_step(0 ${VERIFY} compare ${WORK}/good/attention.json)
+expect_match("verdict: PASS")
+run_step(0 ${VERIFY} compare ${WORK}/good/psi.json)
+
+run_step(0 ${PRODUCER} ${WORK}/lse --mistake lse)
+run_step(1 ${VERIFY} compare ${WORK}/lse/attention.json --json ${WORK}/lse/report.json)
+expect_match("\n  out +f32 [^\n]* PASS")
+expect_match("\n  lse +f32 [^\n]* FAIL")
+expect_match("\n  p_null +f32 [^\n]* FAIL")
+expect_match("lse\\[0, 0, 0\\]: got")
+expect_match("verdict: FAIL")
+if(NOT EXISTS ${WORK}/lse/report.json)
+  message(FATAL_ERROR "--json did not write the report")
+endif()
+
+run_step(0 ${PRODUCER} ${WORK}/psi --mistake psi-sum)
+run_step(1 ${VERIFY} compare ${WORK}/psi/psi.json)
+expect_match("psi\\[0, 0\\]: got")

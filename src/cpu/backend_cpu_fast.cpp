@@ -207,13 +207,20 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
 
   // Weights: the reference's scalar functions per token. An error is reported for the first
   // failing token, as the reference's sequential loop would (non-finite sources take precedence,
-  // as the reference checks them first).
+  // as the reference checks them first). Mixing: the vectorised kernel. Both loops are static
+  // over the same tokens, so each thread mixes exactly the tokens it weighted and no barrier is
+  // needed between them (nowait); one parallel region per call.
   std::exception_ptr err;
   index_t err_t = N;
-#pragma omp parallel
+  bool ok = true;
+  const fast::Kernels& K = active();
+#pragma omp parallel reduction(&& : ok)
   {
     Vec<float> g(n), ps(n);
-#pragma omp for schedule(static)
+    static thread_local std::vector<float> alpha_buf;
+    float* al = grow(alpha_buf, static_cast<std::size_t>(n));
+    bool mine_ok = true;
+#pragma omp for schedule(static) nowait
     for (index_t t = 0; t < N; ++t) {
       try {
         for (index_t i = 0; i < n; ++i) { g[i] = g_old(i, t); ps[i] = psi(i, t); }
@@ -225,27 +232,21 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
           r.dpsi(i, t) = w.dpsi[i];
         }
       } catch (...) {
+        mine_ok = false;
 #pragma omp critical(oasis_cpu_fast_route_error)
         if (t < err_t) { err_t = t; err = std::current_exception(); }
       }
+    }
+#pragma omp for schedule(static)
+    for (index_t t = 0; t < N; ++t) {
+      if (!mine_ok) continue;  // this thread's weights are incomplete; the error is rethrown below
+      for (index_t i = 0; i < n; ++i) al[i] = r.alpha(i, t);
+      ok = K.mix(sources.data() + t * d, N * d, al, n, d, r.h.data() + t * d) && ok;
     }
   }
   if (err) {
     require_finite(sources, "sources");
     std::rethrow_exception(err);
-  }
-
-  const fast::Kernels& K = active();
-  bool ok = true;
-#pragma omp parallel reduction(&& : ok)
-  {
-    static thread_local std::vector<float> alpha_buf;
-    float* al = grow(alpha_buf, static_cast<std::size_t>(n));
-#pragma omp for schedule(static)
-    for (index_t t = 0; t < N; ++t) {
-      for (index_t i = 0; i < n; ++i) al[i] = r.alpha(i, t);
-      ok = K.mix(sources.data() + t * d, N * d, al, n, d, r.h.data() + t * d) && ok;
-    }
   }
   if (!ok) {
     require_finite(sources, "sources");

@@ -8,7 +8,15 @@ namespace oasis::checks {
 
 const std::vector<Check>& catalogue() {
   static const std::vector<Check> all = {
+      make_mass_scaling(),
       make_lemma_5_1(),
+      make_theorem_5_1(),
+      make_lemma_5_2(),
+      make_theorem_5_2(),
+      make_centring_ratio(),
+      make_coupling_limits(),
+      make_depth_null_decomposition(),
+      make_pathology_sum_rule(),
   };
   return all;
 }

@@ -115,7 +115,8 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     const R delta = norm_of(last_axis(e.val.out, 0, dv));  // the smallest admissible delta
     const double delta_err = norm_of(last_axis(e.bound.out, 0, dv));
     // The construction guarantees ||A|| <= p_o c0 + (1 - p_o) V_max < c1 for softmax rows.
-    if (!(dbl(delta) <= in.pmax_guarantee * (1 + 1e-12) + delta_err + 1e-300) || !(delta < c1)) {
+    // (1e-3 (c0 + c1) absorbs the rounding of the logits, which moves p_o slightly.)
+    if (!(dbl(delta) <= in.pmax_guarantee + 1e-3 * dbl(c0 + c1) + delta_err) || !(delta < c1)) {
       t.fail("no-op target", "||A|| = ", dbl(delta), " exceeds the construction's guarantee ", in.pmax_guarantee,
              " (c1 = ", dbl(c1), ")");
       continue;

@@ -436,4 +436,12 @@ std::vector<CheckResult> run_mutant(const std::string& id, const std::string& re
   return out;
 }
 
+/// A mutant whose run evaluates f(Tag<T>, cfg, Tally&) — the check body on the wrong implementation.
+template <class F>
+Mutant mutant_of(const char* check, const char* ref, const char* id, const char* what, F f) {
+  return {id, what, [check, ref, f](const CheckConfig& cfg) {
+            return run_mutant(check, ref, cfg, [&](auto tag, Tally& t) { f(tag, cfg, t); });
+          }};
+}
+
 }  // namespace oasis::checks::detail

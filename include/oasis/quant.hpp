@@ -205,4 +205,24 @@ inline WAQuantConfig wa_preset(std::string_view name) {
   return c;
 }
 
+/// A linear layer y = Q_A(x) Q_W(W)^T with fake-quantised activations x [N, in] (one token per
+/// row) and weights W [out, in] (PyTorch nn.Linear layout), both with min-max ranges of their
+/// own values (dynamic). The product is accumulated in T, left to right over `in`.
+template <class T>
+Tensor<T> fake_quant_linear(const Tensor<T>& x, const Tensor<T>& W, const WAQuantConfig& cfg) {
+  require_rank(x, 2, "x", "[N, in]");
+  require_rank(W, 2, "W", "[out, in]");
+  OASIS_REQUIRE(x.dim(1) == W.dim(1), "W", "input width ", W.dim(1), " differs from x's ", x.dim(1));
+  const Tensor<T> xq = fake_quantize(x, cfg.activations), wq = fake_quantize(W, cfg.weights);
+  const index_t N = x.dim(0), in = x.dim(1), out = W.dim(0);
+  Tensor<T> y({N, out});
+  for (index_t n = 0; n < N; ++n)
+    for (index_t o = 0; o < out; ++o) {
+      T acc(0);
+      for (index_t c = 0; c < in; ++c) acc += xq(n, c) * wq(o, c);
+      y(n, o) = acc;
+    }
+  return y;
+}
+
 }  // namespace oasis

@@ -297,3 +297,44 @@ TEST(BaselineQuant, OutliersInflatePerTensorError) {
   EXPECT_GT(dirty, 10 * clean);
   EXPECT_LT(per_token, dirty / 2);  // only 1 of 16 rows has the stretched range: ~dirty / 4
 }
+
+TEST(BaselineQuant, FakeQuantLinearErrorWithinQuantisationSteps) {
+  // y = Q_A(x) Q_W(W)^T. With e_x = s_x/2 and e_W = s_W/2 per element (plus the roundings of
+  // ErrorAtMostHalfAStep), |y - x W^T| <= sum_c (|x_c| e_W + |W_c| e_x + e_x e_W) + the float
+  // error of two length-`in` dot products, 2 gamma_in sum_c |x_c W_c| (+ quantised magnitudes).
+  auto rng = make_rng(816);
+  const Tensor<double> x = randn<double>({5, 24}, rng), W = randn<double>({7, 24}, rng, 0.1);
+  for (const char* preset : {"W8A8", "W6A6", "W4A4"}) {
+    const WAQuantConfig cfg = wa_preset(preset);
+    const Tensor<double> y = fake_quant_linear(x, W, cfg);
+    const double sx = minmax_quant_params(x, cfg.activations).scale[0];
+    const double sw = minmax_quant_params(W, cfg.weights).scale[0];
+    const double u = std::numeric_limits<double>::epsilon() / 2;
+    double worst = 0;
+    for (index_t n = 0; n < 5; ++n)
+      for (index_t o = 0; o < 7; ++o) {
+        double exact = 0, bound = 0, mag = 0;
+        for (index_t c = 0; c < 24; ++c) {
+          exact += x(n, c) * W(o, c);
+          const double ex = sx / 2 + u * (2 * std::abs(x(n, c)) + sx), ew = sw / 2 + u * (2 * std::abs(W(o, c)) + sw);
+          bound += std::abs(x(n, c)) * ew + std::abs(W(o, c)) * ex + ex * ew;
+          mag += (std::abs(x(n, c)) + ex) * (std::abs(W(o, c)) + ew);
+        }
+        bound += 2 * 25 * u * mag;
+        EXPECT_LE(std::abs(y(n, o) - exact), bound) << preset;
+        worst = std::max(worst, std::abs(y(n, o) - exact));
+      }
+    EXPECT_GT(worst, 0.0) << preset;  // quantisation is not the identity at these widths
+  }
+  // Equals the plain product of the fake-quantised operands, bitwise.
+  const WAQuantConfig c8 = wa_preset("W8A8");
+  const Tensor<double> xq = fake_quantize(x, c8.activations), wq = fake_quantize(W, c8.weights);
+  const Tensor<double> y = fake_quant_linear(x, W, c8);
+  for (index_t n = 0; n < 5; ++n)
+    for (index_t o = 0; o < 7; ++o) {
+      double acc = 0;
+      for (index_t c = 0; c < 24; ++c) acc += xq(n, c) * wq(o, c);
+      EXPECT_EQ(y(n, o), acc);
+    }
+  EXPECT_THROW(fake_quant_linear(x, Tensor<double>({7, 23}), c8), oasis::invalid_argument);
+}

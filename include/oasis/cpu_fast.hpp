@@ -34,6 +34,11 @@ std::vector<std::string> available_isas();
 /// Process-wide; not to be called while another thread runs a fast-path function.
 void set_isa(std::string_view name);
 
+/// Frees the grow-only workspaces of the calling thread and of the OpenMP worker threads (the
+/// next call allocates and first-touches them again). Not to be called concurrently with a
+/// fast-path function.
+void release_workspaces();
+
 /// y_i = e^{x_i} with the kernels' vectorised exponential (x and y may alias). Domain: results
 /// below 2^-125 are flushed to 0, x > ln(FLT_MAX) gives +inf; error bound in docs/benchmarks.md.
 void vector_exp(const float* x, float* y, index_t n);

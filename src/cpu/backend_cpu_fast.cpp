@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <type_traits>
 
 #include "fast_kernels.hpp"
 #include "oasis/backend.hpp"
@@ -58,6 +59,11 @@ std::atomic<const Kernels*>& active_slot() {
   return slot;
 }
 const Kernels& active() { return *active_slot().load(std::memory_order_acquire); }
+
+// Workspaces (grow only): the calling thread's packed keys/values and visible-length table, and
+// each OpenMP thread's tile buffers and depth weights.
+thread_local std::vector<float> tl_kt, tl_v, tl_tile, tl_alpha;
+thread_local std::vector<index_t> tl_vis;
 
 float* grow(std::vector<float>& b, std::size_t n) {
   if (b.size() < n) {
@@ -111,12 +117,10 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   if (opt.return_probs) ensure_shape(r.probs, {s.B, s.H, s.Tq, s.Tk});
   else r.probs = Tensor<float>();
 
-  static thread_local std::vector<float> kt_buf, v_buf;
-  static thread_local std::vector<index_t> vis_buf;
-  float* kt = grow(kt_buf, static_cast<std::size_t>(BHkv * nt * s.d_h * kBk));
-  float* vp = pack_v ? grow(v_buf, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
-  if (vis_buf.size() < static_cast<std::size_t>(s.B * s.Tq)) vis_buf.resize(static_cast<std::size_t>(s.B * s.Tq));
-  index_t* vis = vis_buf.data();
+  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kBk));
+  float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
+  if (tl_vis.size() < static_cast<std::size_t>(s.B * s.Tq)) tl_vis.resize(static_cast<std::size_t>(s.B * s.Tq));
+  index_t* vis = tl_vis.data();
   for (index_t b = 0; b < s.B; ++b)
     for (index_t t = 0; t < s.Tq; ++t) vis[b * s.Tq + t] = visible_keys(s, opt, b, t);
 
@@ -143,8 +147,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   const index_t tasks = s.B * s.H * nqb;
 #pragma omp parallel
   {
-    static thread_local std::vector<float> ws;
-    float* w = grow(ws, static_cast<std::size_t>(kBq * kBk + kBq * ldv + 2 * kBq));
+    float* w = grow(tl_tile, static_cast<std::size_t>(kBq * kBk + kBq * ldv + 2 * kBq));
 #pragma omp for schedule(dynamic, 1)
     for (index_t task = 0; task < tasks; ++task) {
       const index_t qb = nqb - 1 - task % nqb;  // causal: the longest rows first
@@ -217,8 +220,7 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
 #pragma omp parallel reduction(&& : ok)
   {
     Vec<float> g(n), ps(n);
-    static thread_local std::vector<float> alpha_buf;
-    float* al = grow(alpha_buf, static_cast<std::size_t>(n));
+    float* al = grow(tl_alpha, static_cast<std::size_t>(n));
     bool mine_ok = true;
 #pragma omp for schedule(static) nowait
     for (index_t t = 0; t < N; ++t) {
@@ -274,6 +276,18 @@ void set_isa(std::string_view name) {
     throw invalid_argument("isa", "'" + std::string(name) + "' is not supported on this CPU (available: " + list + ")");
   }
   active_slot().store(k, std::memory_order_release);
+}
+
+void release_workspaces() {
+  auto drop = [](auto& v) { std::decay_t<decltype(v)>().swap(v); };
+  drop(tl_kt);
+  drop(tl_v);
+  drop(tl_vis);
+#pragma omp parallel
+  {
+    drop(tl_tile);
+    drop(tl_alpha);
+  }
 }
 
 void vector_exp(const float* x, float* y, index_t n) {

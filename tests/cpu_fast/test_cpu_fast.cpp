@@ -164,6 +164,10 @@ TEST(CpuFastAttention, IntoReusesBuffersAndMatchesFreshResults) {
   EXPECT_TRUE(oasis::test::exactly_equal("probs", r.probs, fresh.probs));
   cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);  // back, probs off
   EXPECT_TRUE(r.probs.empty());
+  const Tensor<float> before = r.out;
+  cpu_fast::release_workspaces();  // workspaces are rebuilt on the next call
+  cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);
+  EXPECT_TRUE(oasis::test::exactly_equal("out after release", r.out, before));
 }
 
 TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {

@@ -69,7 +69,7 @@ struct ModelConfig {
   Variant variant = Variant::oasis;
   RouterFamily router = RouterFamily::kimi_full;
   index_t block_size = 2;   ///< S, sublayers per block (kimi_block only); S = 1 is Full AttnRes
-  std::optional<Readout> readout;            ///< empty: final_attnres (kimi), last (authors_code)
+  std::optional<Readout> readout;            ///< empty: final_attnres (kimi), last (authors_code), sum (original)
   /// Overrides the variant's token normaliser (any RowNorm of the core, e.g. baselines').
   std::optional<RowNorm> token_normalizer;
 
@@ -101,7 +101,9 @@ struct ModelConfig {
     return authors_rank ? authors_rank : std::max<index_t>(d_model / 4, 64);
   }
   Readout readout_or_default() const {
-    return readout ? *readout : (router == RouterFamily::authors_code ? Readout::last : Readout::final_attnres);
+    if (readout) return *readout;
+    if (!attn_res()) return Readout::sum;  // standard residual stream: sum of all sources = last state
+    return router == RouterFamily::authors_code ? Readout::last : Readout::final_attnres;
   }
   CouplingOptions coupling_or_default() const {
     return coupling ? *coupling
@@ -142,7 +144,7 @@ struct ModelConfig {
     OASIS_REQUIRE(std::isfinite(theta_init), "theta_init", "must be finite");
     OASIS_REQUIRE(!beta || (std::isfinite(*beta) && *beta >= 0), "beta", "must be finite and >= 0");
     const Readout r = readout_or_default();
-    OASIS_REQUIRE(router != RouterFamily::authors_code || r == Readout::last, "readout",
+    OASIS_REQUIRE(!attn_res() || router != RouterFamily::authors_code || r == Readout::last, "readout",
                   "the authors_code router routes cumulative states; only 'last' is defined, got ",
                   to_string(r));
     OASIS_REQUIRE(attn_res() || !readout || r == Readout::last || r == Readout::sum, "readout",

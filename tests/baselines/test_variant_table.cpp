@@ -38,6 +38,10 @@ TEST(BaselineVariantTable, RowsAreSane) {
     // 8-bit steps are 4x and 16x finer than 6- and 4-bit ones.
     EXPECT_LT(r.quant_error[0], r.quant_error[1]) << r.name;
     EXPECT_LT(r.quant_error[1], r.quant_error[2]) << r.name;
+    ASSERT_EQ(r.sublayer_wa_error.size(), 3u);
+    for (double e : r.sublayer_wa_error) EXPECT_TRUE(std::isfinite(e) && e > 0) << r.name;
+    EXPECT_LT(r.sublayer_wa_error[0], r.sublayer_wa_error[1]) << r.name;
+    EXPECT_LT(r.sublayer_wa_error[1], r.sublayer_wa_error[2]) << r.name;
   }
   // Without a null category the token null mass is exactly 0; with Softmax1 it is positive.
   for (const char* n : {"original", "vanilla_attnres", "depth_only", "clipped_softmax", "sparsemax", "entmax15"})

@@ -10,16 +10,18 @@
 // Tracked tensors (metrics.hpp): the hidden state h_l entering every sublayer and the readout
 // state. Null mass: mean p_null of the token attentions; depth null mass: mean alpha_null.
 // BOS mass, sink rate (epsilon 0.3) and attention entropy (null category included) need the
-// attention probabilities, which the trace does not keep: attention_probs() recomputes them
-// from the traced sublayer input with the model's own layer functions (layers.hpp) and checks
-// that the recomputed LSE and p_null equal the traced ones bitwise, so a divergence from the
-// model's attention sublayer cannot go unnoticed.
+// attention probabilities, which the trace does not keep: attention_recompute() recomputes the
+// sublayer from its traced input with the model's own layer functions (layers.hpp) and checks
+// that the recomputed LSE, p_null and output equal the traced ones bitwise (mlp_recompute
+// likewise), so a divergence from the model cannot go unnoticed. The same recomposition with
+// every linear layer's weights and activations fake-quantised gives the sublayer-local W+A
+// error (the model offers no activation hook for an end-to-end W+A forward).
 // Quantised output error: relative RMS of the logits, ||logits_q - logits|| / ||logits||, with
 // the linear-layer weights (q, k, v, o, gate, up, down) fake-quantised by the preset's weight
 // scheme; embeddings, LM head, norms and router parameters stay in full precision (as in
-// W8A8 studies). Activation quantisation needs a hook in the model's linear layers
-// (include/oasis/model/layers.hpp), which the model does not offer: activations stay in full
-// precision, and the column header says "W-only".
+// W8A8 studies). End-to-end activation quantisation needs a hook in the model's linear layers
+// (include/oasis/model/layers.hpp), which the model does not offer: in that column activations
+// stay in full precision (header "<preset>-W").
 #pragma once
 
 #include <cmath>
@@ -65,7 +67,9 @@ struct VariantRow {
   double bos_mass = 0;         ///< mean over attention layers of bos_mass
   double sink_rate = 0;        ///< fraction of (layer, head) with first-key importance > 0.3
   double entropy = 0;          ///< mean attention entropy (nats), null category included
-  std::vector<double> quant_error;  ///< per preset: relative RMS logit error
+  std::vector<double> quant_error;  ///< per preset: relative RMS logit error (weights only, end to end)
+  std::vector<double> sublayer_wa_error;  ///< per preset: mean over sublayers of the relative RMS
+                                          ///< error of f(h) with weights and activations quantised
 };
 
 struct TableOptions {
@@ -95,10 +99,27 @@ inline bool is_quantised_linear(const std::string& name) {
   return false;
 }
 
-/// Attention probabilities [B, H, T, T] of the attention sublayer `tr` (block `blk`) of model m,
-/// recomputed from tr.input exactly as layers.hpp attention_sublayer computes them (pre-norm,
-/// q/k/v projections, optional q/k norm, RoPE from position 0, causal token attention).
-inline Tensor<double> attention_probs(const Model<double>& m, const SublayerTrace<double>& tr, index_t blk) {
+/// Fake quantisation of one linear layer's operands (identity when cfg is null): the model's
+/// own linear() on Q_A(x) and Q_W(W), so that without quantisation the result is bitwise the
+/// model's.
+inline Rows<double> qlinear(const Rows<double>& x, const Tensor<double>& W, const WAQuantConfig* cfg) {
+  const ErrorModel em{};
+  if (!cfg) return linear(x, W, em);
+  return linear(Rows<double>{fake_quantize(x.x, cfg->activations), {}}, fake_quantize(W, cfg->weights), em);
+}
+
+struct AttentionRecompute {
+  Tensor<double> probs;  ///< [B, H, T, T]
+  Tensor<double> out;    ///< [B, T, d] sublayer output f(h)
+};
+
+/// The attention sublayer `tr` (block `blk`) of model m recomputed from tr.input exactly as
+/// layers.hpp attention_sublayer computes it (pre-norm, q/k/v projections, optional q/k norm,
+/// RoPE from position 0, causal token attention, o projection), optionally with every linear
+/// layer fake-quantised (weights and activations). Without quantisation the recomputed LSE,
+/// p_null and output must equal the traced ones bitwise (else it throws).
+inline AttentionRecompute attention_recompute(const Model<double>& m, const SublayerTrace<double>& tr, index_t blk,
+                                              const WAQuantConfig* quant = nullptr) {
   const ModelConfig& cfg = m.config();
   const std::string L = "layers." + std::to_string(blk);
   const index_t B = tr.input.dim(0), Tn = tr.input.dim(1), H = cfg.n_heads, Hkv = cfg.kv_heads(),
@@ -106,9 +127,9 @@ inline Tensor<double> attention_probs(const Model<double>& m, const SublayerTrac
   const ErrorModel em{};
   const Rows<double> h{tr.input.reshaped({B * Tn, cfg.d_model}), {}};
   const Rows<double> xn = rms_norm(h, m.param(L + ".attn_norm.weight"), KeyNormOptions{cfg.norm_eps, false}, em);
-  Rows<double> q = linear(xn, m.param(L + ".attn.q_proj.weight"), em);
-  Rows<double> k = linear(xn, m.param(L + ".attn.k_proj.weight"), em);
-  const Rows<double> v = linear(xn, m.param(L + ".attn.v_proj.weight"), em);
+  Rows<double> q = qlinear(xn, m.param(L + ".attn.q_proj.weight"), quant);
+  Rows<double> k = qlinear(xn, m.param(L + ".attn.k_proj.weight"), quant);
+  const Rows<double> v = qlinear(xn, m.param(L + ".attn.v_proj.weight"), quant);
   if (cfg.qk_norm) {
     q = head_rms_norm(q, H, dh, m.param(L + ".attn.q_norm.weight"), cfg.norm_eps, em);
     k = head_rms_norm(k, Hkv, dh, m.param(L + ".attn.k_norm.weight"), cfg.norm_eps, em);
@@ -127,13 +148,47 @@ inline Tensor<double> attention_probs(const Model<double>& m, const SublayerTrac
   o.causal = true;
   o.return_probs = true;
   const AttentionResult<double> a = token_attention(qh, kh, vh, o);
-  for (index_t i = 0; i < a.lse.size(); ++i) {
-    const bool same_lse = a.lse[i] == tr.lse[i] || (std::isinf(a.lse[i]) && std::isinf(tr.lse[i]));
-    OASIS_REQUIRE(same_lse && a.p_null[i] == tr.p_null[i], tr.name,
-                  "recomputed attention differs from the traced one at flat index ", i,
-                  " (the model's attention sublayer changed; update attention_probs)");
+  Rows<double> merged{Tensor<double>({B * Tn, H * dh}), {}};
+  for (index_t b = 0; b < B; ++b)
+    for (index_t hh = 0; hh < H; ++hh)
+      for (index_t t = 0; t < Tn; ++t)
+        for (index_t c = 0; c < dh; ++c) merged.x(b * Tn + t, hh * dh + c) = a.out(b, hh, t, c);
+  AttentionRecompute r;
+  r.out = qlinear(merged, m.param(L + ".attn.o_proj.weight"), quant).x.reshaped({B, Tn, cfg.d_model});
+  r.probs = a.probs;
+  if (!quant) {
+    for (index_t i = 0; i < a.lse.size(); ++i) {
+      const bool same_lse = a.lse[i] == tr.lse[i] || (std::isinf(a.lse[i]) && std::isinf(tr.lse[i]));
+      OASIS_REQUIRE(same_lse && a.p_null[i] == tr.p_null[i], tr.name,
+                    "recomputed attention differs from the traced one at flat index ", i,
+                    " (the model's attention sublayer changed; update attention_recompute)");
+    }
+    for (index_t i = 0; i < r.out.size(); ++i)
+      OASIS_REQUIRE(r.out[i] == tr.output[i], tr.name, "recomputed output differs from the traced one at ", i);
   }
-  return a.probs;
+  return r;
+}
+
+/// The SwiGLU MLP sublayer `tr` (block `blk`) recomputed from tr.input as layers.hpp
+/// mlp_sublayer computes it, optionally fake-quantised; bitwise equal to the trace without.
+inline Tensor<double> mlp_recompute(const Model<double>& m, const SublayerTrace<double>& tr, index_t blk,
+                                    const WAQuantConfig* quant = nullptr) {
+  const ModelConfig& cfg = m.config();
+  const std::string L = "layers." + std::to_string(blk);
+  const index_t B = tr.input.dim(0), Tn = tr.input.dim(1);
+  const ErrorModel em{};
+  const Rows<double> h{tr.input.reshaped({B * Tn, cfg.d_model}), {}};
+  const Rows<double> xn = rms_norm(h, m.param(L + ".mlp_norm.weight"), KeyNormOptions{cfg.norm_eps, false}, em);
+  const Rows<double> a = qlinear(xn, m.param(L + ".mlp.gate_proj.weight"), quant);
+  const Rows<double> b = qlinear(xn, m.param(L + ".mlp.up_proj.weight"), quant);
+  Rows<double> hid{Tensor<double>(a.x.shape()), {}};
+  for (index_t i = 0; i < a.x.size(); ++i) hid.x[i] = a.x[i] * sigmoid(a.x[i]) * b.x[i];
+  const Tensor<double> out = qlinear(hid, m.param(L + ".mlp.down_proj.weight"), quant).x.reshaped({B, Tn, cfg.d_model});
+  if (!quant)
+    for (index_t i = 0; i < out.size(); ++i)
+      OASIS_REQUIRE(out[i] == tr.output[i], tr.name, "recomputed MLP output differs from the traced one at ", i,
+                    " (the model's MLP sublayer changed; update mlp_recompute)");
+  return out;
 }
 
 inline double rel_rms(const Tensor<double>& a, const Tensor<double>& ref) {
@@ -188,7 +243,7 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
       if (tr.kind != SublayerKind::readout && !tr.input.empty()) tracked.push_back(tr.input);
       if (tr.kind == SublayerKind::attention && !tr.p_null.empty()) {
         pn += null_mass(tr.p_null);
-        const Tensor<double> p = attention_probs(m, tr, n_att);
+        const Tensor<double> p = attention_recompute(m, tr, n_att).probs;
         r.bos_mass += bos_mass(p);
         r.entropy += attention_entropy(p, tr.p_null);
         probs.push_back(p);
@@ -202,6 +257,23 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
       }
     }
     tracked.push_back(fp.state);
+    // Sublayer-local W+A fake quantisation: every sublayer recomputed from its traced input with
+    // its linear layers' weights and activations quantised, against the traced output.
+    r.sublayer_wa_error.assign(opt.presets.size(), 0.0);
+    index_t n_sub = 0, n_mlp = 0, n_att2 = 0;
+    for (const SublayerTrace<double>& tr : fp.trace) {
+      if (tr.kind == SublayerKind::readout) continue;
+      const bool att = tr.kind == SublayerKind::attention;
+      const index_t blk = att ? n_att2++ : n_mlp++;
+      if (!att) mlp_recompute(m, tr, blk);  // bitwise check of the recomposition
+      for (std::size_t pi = 0; pi < opt.presets.size(); ++pi) {
+        const WAQuantConfig qc = wa_preset(opt.presets[pi]);
+        const Tensor<double> out = att ? attention_recompute(m, tr, blk, &qc).out : mlp_recompute(m, tr, blk, &qc);
+        r.sublayer_wa_error[pi] += rel_rms(out, tr.output);
+      }
+      ++n_sub;
+    }
+    for (double& e : r.sublayer_wa_error) e /= static_cast<double>(n_sub);
     r.outliers = outlier_summary(tracked);
     r.null_mass = n_att ? pn / static_cast<double>(n_att) : 0.0;
     r.bos_mass /= static_cast<double>(n_att);
@@ -226,7 +298,9 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
   os << "# variant table: d_model " << opt.base.d_model << ", blocks " << opt.base.n_blocks << ", heads "
      << opt.base.n_heads << ", B " << opt.batch << ", T " << opt.seq << ", seed " << opt.seed
      << ", init_std " << opt.base.init_std << "\n";
-  os << "# quant columns: relative RMS logit error, weights fake-quantised (W-only; activations full precision)\n";
+  os << "# <preset>-W: relative RMS logit error, end to end, linear weights fake-quantised (activations full\n"
+     << "#   precision: the model has no activation hook); <preset>-sub: mean over sublayers of the relative RMS\n"
+     << "#   error of f(h) recomputed from the traced input with weights AND activations fake-quantised\n";
   os << "# null: token p_null, d_null: depth alpha_null, bos: first-key mass, sink: sink rate (eps 0.3),\n"
      << "# entropy: attention entropy in nats with the null category\n";
   os << std::left << std::setw(20) << "variant" << std::setw(18) << "token" << std::setw(10) << "depth" << std::right
@@ -234,6 +308,7 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
      << "null" << std::setw(10) << "d_null" << std::setw(10) << "bos" << std::setw(10) << "sink" << std::setw(10)
      << "entropy";
   for (const std::string& p : opt.presets) os << std::setw(12) << (p + "-W");
+  for (const std::string& p : opt.presets) os << std::setw(12) << (p + "-sub");
   os << "\n";
   os << std::fixed;
   for (const VariantRow& r : rows) {
@@ -244,6 +319,7 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
        << r.entropy;
     os << std::setprecision(6);
     for (double e : r.quant_error) os << std::setw(12) << e;
+    for (double e : r.sublayer_wa_error) os << std::setw(12) << e;
     os << "\n";
   }
 }

@@ -60,6 +60,8 @@ std::atomic<const Kernels*>& active_slot() {
 }
 const Kernels& active() { return *active_slot().load(std::memory_order_acquire); }
 
+constexpr index_t kMixTokens = 4;  // depth mixing: up to 4 tokens per block when 4 d <= 4096
+
 // Workspaces (grow only): the calling thread's packed keys/values and visible-length table, and
 // each OpenMP thread's tile buffers and depth weights.
 thread_local std::vector<float> tl_kt, tl_v, tl_tile, tl_alpha;
@@ -211,39 +213,45 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
   // Weights: the reference's scalar functions per token. An error is reported for the first
   // failing token, as the reference's sequential loop would (non-finite sources take precedence,
   // as the reference checks them first). Mixing: the vectorised kernel. Both loops are static
-  // over the same tokens, so each thread mixes exactly the tokens it weighted and no barrier is
-  // needed between them (nowait); one parallel region per call.
+  // over the same token blocks, so each thread mixes exactly the tokens it weighted and no
+  // barrier is needed between them (nowait); one parallel region per call.
   std::exception_ptr err;
   index_t err_t = N;
   bool ok = true;
   const fast::Kernels& K = active();
+  // blocks of ntok consecutive tokens (adjacent rows in every source: longer contiguous reads)
+  const index_t ntok = std::max<index_t>(1, std::min<index_t>(kMixTokens, 4096 / d));
+  const index_t nblk = (N + ntok - 1) / ntok;
 #pragma omp parallel reduction(&& : ok)
   {
     Vec<float> g(n), ps(n);
-    float* al = grow(tl_alpha, static_cast<std::size_t>(n));
+    float* al = grow(tl_alpha, static_cast<std::size_t>(n * ntok));
     bool mine_ok = true;
 #pragma omp for schedule(static) nowait
-    for (index_t t = 0; t < N; ++t) {
-      try {
-        for (index_t i = 0; i < n; ++i) { g[i] = g_old(i, t); ps[i] = psi(i, t); }
-        const DepthWeights<float> w = depth_weights(g, ps, kinds, opt);
-        r.alpha_null[t] = w.alpha_null;
-        for (index_t i = 0; i < n; ++i) {
-          r.alpha(i, t) = w.alpha[i];
-          r.g(i, t) = w.g[i];
-          r.dpsi(i, t) = w.dpsi[i];
-        }
-      } catch (...) {
-        mine_ok = false;
+    for (index_t blk = 0; blk < nblk; ++blk)
+      for (index_t t = blk * ntok; t < std::min(N, (blk + 1) * ntok); ++t) {
+        try {
+          for (index_t i = 0; i < n; ++i) { g[i] = g_old(i, t); ps[i] = psi(i, t); }
+          const DepthWeights<float> w = depth_weights(g, ps, kinds, opt);
+          r.alpha_null[t] = w.alpha_null;
+          for (index_t i = 0; i < n; ++i) {
+            r.alpha(i, t) = w.alpha[i];
+            r.g(i, t) = w.g[i];
+            r.dpsi(i, t) = w.dpsi[i];
+          }
+        } catch (...) {
+          mine_ok = false;
 #pragma omp critical(oasis_cpu_fast_route_error)
-        if (t < err_t) { err_t = t; err = std::current_exception(); }
+          if (t < err_t) { err_t = t; err = std::current_exception(); }
+        }
       }
-    }
 #pragma omp for schedule(static)
-    for (index_t t = 0; t < N; ++t) {
+    for (index_t blk = 0; blk < nblk; ++blk) {
       if (!mine_ok) continue;  // this thread's weights are incomplete; the error is rethrown below
-      for (index_t i = 0; i < n; ++i) al[i] = r.alpha(i, t);
-      ok = K.mix(sources.data() + t * d, N * d, al, n, d, r.h.data() + t * d) && ok;
+      const index_t t0 = blk * ntok, cnt = std::min(ntok, N - t0);
+      for (index_t j = 0; j < cnt; ++j)
+        for (index_t i = 0; i < n; ++i) al[j * n + i] = r.alpha(i, t0 + j);
+      ok = K.mix(sources.data() + t0 * d, N * d, al, n, d, cnt, r.h.data() + t0 * d) && ok;
     }
   }
   if (err) {

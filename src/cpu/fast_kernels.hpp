@@ -46,10 +46,10 @@ struct Kernels {
   void (*exp)(const float* x, float* y, idx n);
   /// The fused online-normalised attention of one block.
   void (*attention_block)(const AttnBlock& a);
-  /// h[c] = sum_{i<n} alpha[i] * src[i*stride + c] for c < d, summed in the order i = 0..n-1 with
-  /// a separate multiply and add (bitwise the reference's arithmetic). Returns false if a source
-  /// element is not finite.
-  bool (*mix)(const float* src, idx stride, const float* alpha, idx n, idx d, float* h);
+  /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
+  /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the
+  /// reference's arithmetic). Returns false if a source element is not finite.
+  bool (*mix)(const float* src, idx stride, const float* alpha, idx n, idx d, idx ntok, float* h);
 };
 
 const Kernels& kernels_generic();

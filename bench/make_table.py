@@ -4,6 +4,7 @@
 usage: make_table.py OUT.md NOTES.md CPU.json [GPU.json ...] -- key=value context lines
 """
 import json
+import re
 import sys
 
 
@@ -19,7 +20,7 @@ def rows(data):
     for b in data.get("benchmarks", []):
         if b.get("run_type") == "aggregate":
             continue
-        name = b["name"].replace("/real_time", "")
+        name = re.sub(r"/min_time:[0-9.]+", "", b["name"].replace("/real_time", ""))
         thr, ratio = "", ""
         if "GFLOP/s" in b:
             thr = f"{b['GFLOP/s']:.2f} GFLOP/s"

@@ -1,5 +1,6 @@
 // verify/compare.cpp — `oasis-verify compare` (see compare.hpp and docs/verify.md).
 #include "compare.hpp"
+#include "compare_detail.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,8 @@
 
 namespace oasis::verify {
 namespace {
+
+using detail::compare_tensor;
 
 using io::DType;
 using io::StoredTensor;
@@ -255,48 +258,6 @@ std::string num(double x) {
   return buf;
 }
 
-TensorReport compare_tensor(const std::string& name, const StoredTensor& got, const Ref& ref, const Tensor<double>& plain,
-                            int show) {
-  TensorReport r;
-  r.name = name;
-  r.dtype = got.dtype;
-  r.shape = got.values.shape();
-  r.elements = got.values.size();
-  if (got.values.shape() != ref.shape()) {
-    r.problem = "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(ref.shape());
-    r.violations = r.elements;
-    return r;
-  }
-  for (index_t i = 0; i < got.values.size(); ++i) {
-    const double x = got.values[i];
-    const mp50& rm = ref[i];
-    const double rd = static_cast<double>(rm);
-    const double bound = 0.5 * io::dtype_ulp(got.dtype, rd) + 2.0 * plain[i];
-    double err;
-    if (is_finite(rm)) {
-      err = std::isfinite(x) ? static_cast<double>(abs(mp50(x) - rm)) : std::numeric_limits<double>::infinity();
-    } else {  // -inf (LSE of a fully masked plain-softmax row): must match exactly
-      err = (x == rd) ? 0.0 : std::numeric_limits<double>::infinity();
-    }
-    if (std::isnan(x)) err = std::numeric_limits<double>::quiet_NaN();
-    const bool ok = err <= bound;  // NaN fails
-    const double shown_err = std::isnan(err) ? std::numeric_limits<double>::infinity() : err;
-    r.max_abs = std::max(r.max_abs, shown_err);
-    if (rd != 0 && std::isfinite(rd)) r.max_rel = std::max(r.max_rel, shown_err / std::fabs(rd));
-    r.max_ulps = std::max(r.max_ulps, shown_err / io::dtype_ulp(got.dtype, rd));
-    r.worst_ratio = std::max(r.worst_ratio, bound > 0 ? shown_err / bound : (shown_err > 0 ? INFINITY : 0.0));
-    if (!ok) {
-      if (r.violations < show)
-        r.first_mismatches.push_back(name + index_str(r.shape, i) + ": got " + num(x) + " ref " + num(rd) + " |err| " +
-                                     num(shown_err) + " (" + num(shown_err / io::dtype_ulp(got.dtype, rd)) + " ulp) bound " +
-                                     num(bound));
-      ++r.violations;
-    }
-  }
-  r.passed = r.violations == 0;
-  return r;
-}
-
 /// Compare every output present against the oracle; outputs that the op does not produce are noted.
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
                      PlainBounds& bounds, const CompareOptions& opt) {
@@ -513,6 +474,52 @@ CompareReport op_pseudo_query(const TensorMap& in, const TensorMap& out, const O
 
 }  // namespace
 
+namespace detail {
+
+TensorReport compare_tensor(const std::string& name, const StoredTensor& got, const Ref& ref, const Tensor<double>& plain,
+                            int show) {
+  TensorReport r;
+  r.name = name;
+  r.dtype = got.dtype;
+  r.shape = got.values.shape();
+  r.elements = got.values.size();
+  if (got.values.shape() != ref.shape()) {
+    r.problem = "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(ref.shape());
+    r.violations = r.elements;
+    return r;
+  }
+  for (index_t i = 0; i < got.values.size(); ++i) {
+    const double x = got.values[i];
+    const mp50& rm = ref[i];
+    const double rd = static_cast<double>(rm);
+    const double bound = 0.5 * io::dtype_ulp(got.dtype, rd) + 2.0 * plain[i];
+    double err;
+    if (is_finite(rm)) {
+      err = std::isfinite(x) ? static_cast<double>(abs(mp50(x) - rm)) : std::numeric_limits<double>::infinity();
+    } else {  // -inf (LSE of a fully masked plain-softmax row): must match exactly
+      err = (x == rd) ? 0.0 : std::numeric_limits<double>::infinity();
+    }
+    if (std::isnan(x)) err = std::numeric_limits<double>::quiet_NaN();
+    const bool ok = err <= bound;  // NaN fails
+    const double shown_err = std::isnan(err) ? std::numeric_limits<double>::infinity() : err;
+    r.max_abs = std::max(r.max_abs, shown_err);
+    if (rd != 0 && std::isfinite(rd)) r.max_rel = std::max(r.max_rel, shown_err / std::fabs(rd));
+    r.max_ulps = std::max(r.max_ulps, shown_err / io::dtype_ulp(got.dtype, rd));
+    r.worst_ratio = std::max(r.worst_ratio, bound > 0 ? shown_err / bound : (shown_err > 0 ? INFINITY : 0.0));
+    if (!ok) {
+      if (r.violations < show)
+        r.first_mismatches.push_back(name + index_str(r.shape, i) + ": got " + num(x) + " ref " + num(rd) + " |err| " +
+                                     num(shown_err) + " (" + num(shown_err / io::dtype_ulp(got.dtype, rd)) + " ulp) bound " +
+                                     num(bound));
+      ++r.violations;
+    }
+  }
+  r.passed = r.violations == 0;
+  return r;
+}
+
+}  // namespace detail
+
 std::string describe_ops() {
   return
       "  normalizer    inputs z [..., m], s [...] (optional null logit per row)\n"
@@ -530,7 +537,10 @@ std::string describe_ops() {
       "                outputs h [N,d], alpha [n,N], alpha_null [N], g [n,N], dpsi [n,N]\n"
       "                options as coupling, plus coupling (true|false)\n"
       "  pseudo_query  inputs sources [n,N,d], w [d], gain [d] (optional); outputs g [n,N]\n"
-      "                options eps, compute_in_float32\n";
+      "                options eps, compute_in_float32\n"
+      "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
+      "                inputs ids [B,T] (token ids, exact integers in any float dtype)\n"
+      "                outputs logits [B,T,vocab]\n";
 }
 
 CompareReport compare_config(const Value& cfg, const std::string& base_dir, const std::string& default_file,
@@ -538,8 +548,8 @@ CompareReport compare_config(const Value& cfg, const std::string& base_dir, cons
   OASIS_REQUIRE(cfg.is_object(), "config", "must be a JSON object with \"op\", \"inputs\", \"outputs\", \"options\"");
   for (const auto& m : cfg.members)
     OASIS_REQUIRE(m.first == "op" || m.first == "inputs" || m.first == "outputs" || m.first == "options" ||
-                      m.first == "description",
-                  "config", "unknown key '", m.first, "' (known: op, inputs, outputs, options, description)");
+                      m.first == "description" || m.first == "model",
+                  "config", "unknown key '", m.first, "' (known: op, inputs, outputs, options, description, model)");
   const Value* opv = cfg.find("op");
   OASIS_REQUIRE(opv && opv->is_string(), "op", "missing; one of normalizer, attention, psi, coupling, depth, pseudo_query");
   const std::string op = opv->text;
@@ -549,9 +559,13 @@ CompareReport compare_config(const Value& cfg, const std::string& base_dir, cons
       {"psi", {"estimator"}},
       {"coupling", kDepthOptionKeys},
       {"depth", kDepthOptionKeys},
-      {"pseudo_query", {"eps", "compute_in_float32"}}};
+      {"pseudo_query", {"eps", "compute_in_float32"}},
+      {"model", {}}};
   auto kn = known.find(op);
-  OASIS_REQUIRE(kn != known.end(), "op", "unknown op '", op, "' (known: normalizer, attention, psi, coupling, depth, pseudo_query)");
+  OASIS_REQUIRE(kn != known.end(), "op", "unknown op '", op, "' (known: normalizer, attention, psi, coupling, depth, pseudo_query, model)");
+  OASIS_REQUIRE((op == "model") == (cfg.find("model") != nullptr), "model",
+                op == "model" ? "op model needs \"model\": the weights file written by oasis::model::save_model"
+                              : "the key \"model\" belongs to op model only");
   const Options o(cfg.find("options"), op, kn->second);
   const TensorMap in = load_set(cfg.find("inputs"), base_dir, default_file, "inputs");
   const TensorMap out = load_set(cfg.find("outputs"), base_dir, default_file, "outputs");
@@ -559,6 +573,7 @@ CompareReport compare_config(const Value& cfg, const std::string& base_dir, cons
   if (op == "attention") return op_attention(in, out, o, opt);
   if (op == "psi") return op_psi(in, out, o, opt);
   if (op == "pseudo_query") return op_pseudo_query(in, out, o, opt);
+  if (op == "model") return detail::op_model(*cfg.find("model"), base_dir, in, out, opt);
   return op_depth(op, in, out, o, opt);
 }
 

@@ -13,6 +13,10 @@
 #include "oasis/error_bounds.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
+#if __has_include("oasis/model/io.hpp")
+#include "oasis/model/io.hpp"
+#define OASIS_VERIFY_TEST_MODEL 1
+#endif
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
 
@@ -321,3 +325,51 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   EXPECT_FALSE(r.passed);
   EXPECT_NE(find(r, "lse").problem.find("shape [2, 24]"), std::string::npos);
 }
+
+#if defined(OASIS_VERIFY_TEST_MODEL)
+TEST(VerifyCompare, ModelLogitsPassAndOnePerturbedLogitFailsNamingItsIndex) {
+  oasis::model::ModelConfig cfg;  // OASIS variant, Kimi full router, 2 blocks, d = 16, vocab 32
+  cfg.init_std = 0.3;             // logits of order 1 (the default 0.02 gives near-uniform logits)
+  cfg.theta_init = 0.5;
+  const auto mf = oasis::model::Model<float>::initialized(cfg, 4242);
+  const std::string dir = tmp_dir("model");
+  oasis::model::save_model(mf, dir + "/model.safetensors");
+  const index_t B = 2, Tn = 5;
+  std::vector<index_t> ids;
+  Tensor<double> idt({B, Tn});
+  for (index_t i = 0; i < B * Tn; ++i) {
+    ids.push_back((7 * i + 3) % cfg.vocab_size);
+    idt[i] = static_cast<double>(ids.back());
+  }
+  io::write_npy(dir + "/ids.npy", {io::DType::f32, idt});
+  const Tensor<float> logits = mf.forward(ids, B, Tn).logits;
+  io::write_npy(dir + "/logits.npy", {io::DType::f32, logits.cast<double>()});
+  const std::string mcfg = R"({"op": "model", "model": "model.safetensors", "inputs": {"ids": "ids.npy"}, "outputs": {"logits": "logits.npy"}})";
+  verify::CompareReport r = run_config(dir, mcfg);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  EXPECT_LT(find(r, "logits").worst_ratio, 1.0);
+
+  // The bound of logit [1, 3, 7]: 0.5 ulp + 2 logit_error(token) with u = u_f32; the double model
+  // stands in for mp50 here (its own error, ~1e-16 relative, is far below the 2.5 ulp margin).
+  const auto md = mf.cast<double>();
+  oasis::model::ForwardOptions fo;
+  fo.error_u = io::dtype_eps(io::DType::f32) / 2;
+  const auto ref = md.forward(ids, B, Tn, fo);
+  const index_t V = cfg.vocab_size, flat = (1 * Tn + 3) * V + 7;
+  const double rv = ref.logits[flat];
+  const double bound = 0.5 * io::dtype_ulp(io::DType::f32, rv) + 2.0 * ref.logit_error.at(static_cast<std::size_t>(1 * Tn + 3));
+  Tensor<double> bad = logits.cast<double>();
+  bad[flat] = io::round_to_dtype(rv - bound - 3.0 * io::dtype_ulp(io::DType::f32, rv), io::DType::f32);
+  io::write_npy(dir + "/logits.npy", {io::DType::f32, bad});
+  r = run_config(dir, mcfg);
+  EXPECT_FALSE(r.passed);
+  EXPECT_EQ(find(r, "logits").violations, 1);
+  EXPECT_EQ(find(r, "logits").first_mismatches.at(0).rfind("logits[1, 3, 7]", 0), 0u) << verify::format_report(r);
+
+  // f64 weights and logits from the double model pass too
+  oasis::model::save_model(md, dir + "/model.safetensors");
+  io::write_npy(dir + "/logits.npy", {io::DType::f64, md.forward(ids, B, Tn).logits});
+  r = run_config(dir, mcfg);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+}
+#endif

@@ -7,6 +7,7 @@
 //   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 256 tokens, d = 2048
 //   Layer_*              one AttnRes attention sublayer from the core ops (route, RMSNorm, QKV
 //                        projections, fused attention, output projection), d = 512, T = 1024
+//   Layer_model_*        (bench_model.cpp) one full block of the model oracle, Model<float>
 //   Oracle_mp50_*        (bench_oracle.cpp) the 50-digit oracle's throughput
 // Every fast configuration is validated (tests/cpu_fast/parity_bound.hpp criterion against
 // oasis::mp50 on a subset of rows; depth routing: bitwise equal to the reference) before it is

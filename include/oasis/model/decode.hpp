@@ -40,3 +40,10 @@ class Decoder {
 };
 
 }  // namespace oasis::model
+
+#if defined(OASIS_COMPILED_INSTANCES) && !defined(OASIS_MODEL_INSTANTIATING)
+extern template class oasis::model::Decoder<float>;
+extern template class oasis::model::Decoder<double>;
+extern template class oasis::model::Decoder<long double>;
+extern template class oasis::model::Decoder<::oasis::mp50>;
+#endif

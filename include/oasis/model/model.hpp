@@ -23,6 +23,7 @@
 #include "oasis/model/config.hpp"
 #include "oasis/model/layers.hpp"
 #include "oasis/model/router.hpp"
+#include "oasis/multiprecision.hpp"
 
 namespace oasis::model {
 
@@ -500,3 +501,12 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
 }
 
 }  // namespace oasis::model
+
+// The compiled library instantiates Model for float, double, long double (src/cpu/model_builtin.cpp)
+// and oasis::mp50 (src/cpu/model_mp50.cpp); code linking oasis::oasis does not re-instantiate.
+#if defined(OASIS_COMPILED_INSTANCES) && !defined(OASIS_MODEL_INSTANTIATING)
+extern template class oasis::model::Model<float>;
+extern template class oasis::model::Model<double>;
+extern template class oasis::model::Model<long double>;
+extern template class oasis::model::Model<::oasis::mp50>;
+#endif

@@ -60,6 +60,11 @@ std::vector<Case> cases() {
   co.headless = oasis::HeadlessRule::no_evidence;
   l.coupling = co;
   out.push_back({"kimi_block S=3/oasis authors centring no_evidence last-readout", l});
+  om::ModelConfig f32 = tiny(Variant::oasis, om::RouterFamily::kimi_block, 2);
+  f32.key_norm.compute_in_float32 = true;
+  f32.key_norm.eps = 1e-5;
+  f32.key_norm_gain = true;
+  out.push_back({"kimi_block/oasis key norm in float32 eps 1e-5", f32});
   om::ModelConfig p = tiny(Variant::oasis, om::RouterFamily::authors_code, 2);
   p.psi_estimator = om::PsiEstimator::p_null;
   out.push_back({"authors_code/oasis p_null estimator", p});

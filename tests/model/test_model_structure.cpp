@@ -380,6 +380,10 @@ TEST(ModelStructure, DeterministicInitialisation) {
   }
   const double sd = std::sqrt(ss / static_cast<double>(n));
   EXPECT_NEAR(sd, 0.02, 5.0 * 0.02 / std::sqrt(2.0 * static_cast<double>(n)));
+  // initialisation draws in double and rounds once: the float model is the cast double model
+  const auto f = om::Model<float>::initialized(c, 13);
+  const auto fd = a.cast<float>();
+  for (const auto& [name, t] : f.parameters()) EXPECT_TRUE(exactly_equal(name, t, fd.param(name)));
   // beta at init: softplus(-5)
   const auto res = a.forward(tokens(2, 13, c.vocab_size), 1, 2, {true});
   EXPECT_NEAR(res.trace[3].beta, 0.0067153484891179, 1e-15);
@@ -423,6 +427,7 @@ TEST(ModelDecode, IncrementalEqualsFullForward) {
       c.n_kv_heads = 1;
       check_decode<double>(c, 20);
       check_decode<float>(c, 21);
+      check_decode<long double>(c, 22);
     }
 }
 
@@ -455,4 +460,32 @@ TEST(ModelErrors, BadInputNamesTheArgument) {
   EXPECT_EQ(arg_of([&] { om::parse_rope_layout("neox"); }), "rope");
   om::Decoder<double> dec(m, 2);
   EXPECT_EQ(arg_of([&] { dec.step_embeddings(Tensor<double>({1, 1, 8})); }), "x");
+}
+
+// Any token normaliser of the core passes through AttentionOptions::normalizer (here the
+// baselines' sparsemax and clipped Softmax1): the trace records it and the logits change.
+TEST(ModelStructure, TokenNormalizerOverridePassesThrough) {
+  const om::ModelConfig base = tiny(Variant::aos, om::RouterFamily::kimi_full, 2);
+  const auto m = random_model<double>(base, 40);
+  const auto ids = tokens(5, 40, base.vocab_size);
+  const auto ref = m.forward(ids, 1, 5).logits;
+  for (RowNorm norm : {RowNorm::sparsemax, RowNorm::clipped_softmax1}) {
+    om::ModelConfig c = base;
+    c.token_normalizer = norm;
+    om::Model<double> mo(c);
+    for (const auto& [name, t] : m.parameters()) mo.set_param(name, t);
+    const auto r = mo.forward(ids, 1, 5, {true});
+    EXPECT_EQ(r.trace[0].token_normalizer, norm);
+    EXPECT_FALSE(exactly_equal("logits", r.logits, ref)) << oasis::to_string(norm);
+    for (index_t k = 0; k < r.logits.size(); ++k) ASSERT_TRUE(std::isfinite(r.logits[k]));
+    // no derived forward error rule for these normalisers: the error model refuses, naming itself
+    om::ForwardOptions fo;
+    fo.error_u = 1e-8;
+    try {
+      mo.forward(ids, 1, 5, fo);
+      ADD_FAILURE() << "expected an error";
+    } catch (const oasis::invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "error_bound");
+    }
+  }
 }

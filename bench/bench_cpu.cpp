@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <string>
 
@@ -43,17 +44,43 @@ int threads() {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void report_flops(benchmark::State& st, double flops_per_iter, double sec) {
-  const double rate = flops_per_iter * static_cast<double>(st.iterations()) / sec * 1e-9;
-  st.counters["GFLOP/s"] = rate;
-  st.counters["ratio_gemm"] = g_gemm_gflops > 0 ? rate / g_gemm_gflops : 0;
+// Wall time and process CPU time of a timing loop. With one thread (OASIS_BENCH_THREADS=1) the
+// CPU time is the time the loop actually ran, whatever else the machine was doing, so the
+// *_cpu ratios of such a run are robust to a shared machine's load; they are reported only then
+// (with several threads, CPU time includes barrier spinning and is not a rate).
+struct Span {
+  Clock::time_point wall;
+  double cpu;
+  static double process_cpu() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  static Span start() { return {Clock::now(), process_cpu()}; }
+  double wall_sec() const { return std::chrono::duration<double>(Clock::now() - wall).count(); }
+  double cpu_sec() const { return process_cpu() - cpu; }
+};
+double g_gemm_gflops_cpu = 0, g_triad_gbs_cpu = 0;
+
+void report(benchmark::State& st, double work_per_iter, const Span& t0, const char* unit, double ceiling,
+            double ceiling_cpu, const char* ratio_name) {
+  const double wall = t0.wall_sec(), cpu = t0.cpu_sec();
+  const double it = static_cast<double>(st.iterations());
+  const double rate = work_per_iter * it / wall * 1e-9;
+  st.counters[unit] = rate;
+  st.counters[ratio_name] = ceiling > 0 ? rate / ceiling : 0;
+  if (threads() == 1) {
+    const double rate_cpu = work_per_iter * it / cpu * 1e-9;
+    st.counters[std::string(unit) + "_cpu"] = rate_cpu;
+    st.counters[std::string(ratio_name) + "_cpu"] = ceiling_cpu > 0 ? rate_cpu / ceiling_cpu : 0;
+  }
 }
-void report_bytes(benchmark::State& st, double bytes_per_iter, double sec) {
-  const double rate = bytes_per_iter * static_cast<double>(st.iterations()) / sec * 1e-9;
-  st.counters["GB/s"] = rate;
-  st.counters["ratio_triad"] = g_triad_gbs > 0 ? rate / g_triad_gbs : 0;
+void report_flops(benchmark::State& st, double flops_per_iter, const Span& t0) {
+  report(st, flops_per_iter, t0, "GFLOP/s", g_gemm_gflops, g_gemm_gflops_cpu, "ratio_gemm");
+}
+void report_bytes(benchmark::State& st, double bytes_per_iter, const Span& t0) {
+  report(st, bytes_per_iter, t0, "GB/s", g_triad_gbs, g_triad_gbs_cpu, "ratio_triad");
 }
 
 // ---- ceilings --------------------------------------------------------------------------------
@@ -64,15 +91,18 @@ void BM_Ceiling_GemmF32(benchmark::State& st) {
   const Tensor<float> a = randn_f({n, n}, rng), b = randn_f({n, n}, rng);
   Tensor<float> c({n, n});
   eigen_gemm(a.data(), b.data(), c.data(), n, n, n, threads());  // warm-up (first touch, threads)
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     eigen_gemm(a.data(), b.data(), c.data(), n, n, n, threads());
     benchmark::ClobberMemory();
   }
-  const double sec = seconds_since(t0);
-  report_flops(st, 2.0 * n * n * n, sec);
+  report_flops(st, 2.0 * n * n * n, t0);
   g_gemm_gflops = st.counters["GFLOP/s"];
   st.counters["ratio_gemm"] = 1.0;
+  if (threads() == 1) {
+    g_gemm_gflops_cpu = st.counters["GFLOP/s_cpu"];
+    st.counters["ratio_gemm_cpu"] = 1.0;
+  }
   st.SetLabel(eigen_simd());
 }
 
@@ -80,15 +110,18 @@ void BM_Ceiling_Triad(benchmark::State& st) {
   const index_t n = st.range(0);
   std::vector<float> a(static_cast<std::size_t>(n), 0.0f), b(a.size(), 1.0f), c(a.size(), 2.0f);
   triad(a.data(), b.data(), c.data(), 3.0f, n);  // warm-up
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     triad(a.data(), b.data(), c.data(), 3.0f, n);
     benchmark::ClobberMemory();
   }
-  const double sec = seconds_since(t0);
-  report_bytes(st, 12.0 * static_cast<double>(n), sec);
+  report_bytes(st, 12.0 * static_cast<double>(n), t0);
   g_triad_gbs = st.counters["GB/s"];
   st.counters["ratio_triad"] = 1.0;
+  if (threads() == 1) {
+    g_triad_gbs_cpu = st.counters["GB/s_cpu"];
+    st.counters["ratio_triad_cpu"] = 1.0;
+  }
 }
 
 // ---- row normaliser --------------------------------------------------------------------------
@@ -98,12 +131,12 @@ void BM_RowNormalizer_reference_softmax1(benchmark::State& st) {
   auto rng = make_rng(2);
   const Tensor<float> z = randn_f({m}, rng, 3.0);
   std::vector<float> p(static_cast<std::size_t>(m));
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     benchmark::DoNotOptimize(normalize_row(RowNorm::softmax1, z.data(), m, 0.0f, p.data()));
     benchmark::ClobberMemory();
   }
-  report_bytes(st, 8.0 * static_cast<double>(m), seconds_since(t0));  // read z, write p
+  report_bytes(st, 8.0 * static_cast<double>(m), t0);  // read z, write p
   st.SetItemsProcessed(st.iterations() * m);
 }
 
@@ -112,12 +145,12 @@ void BM_RowNormalizer_fast_vector_exp(benchmark::State& st) {
   auto rng = make_rng(3);
   const Tensor<float> z = randn_f({m}, rng, 3.0);
   std::vector<float> p(static_cast<std::size_t>(m));
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     cpu_fast::vector_exp(z.data(), p.data(), m);
     benchmark::ClobberMemory();
   }
-  report_bytes(st, 8.0 * static_cast<double>(m), seconds_since(t0));
+  report_bytes(st, 8.0 * static_cast<double>(m), t0);
   st.SetItemsProcessed(st.iterations() * m);
   st.SetLabel(std::string(cpu_fast::isa()));
 }
@@ -149,9 +182,9 @@ const AttnInputs& attn_inputs(index_t T, index_t d) {
 
 void BM_Attention_reference(benchmark::State& st) {
   const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) benchmark::DoNotOptimize(token_attention(in.q, in.k, in.v, in.opt));
-  report_flops(st, in.flops, seconds_since(t0));
+  report_flops(st, in.flops, t0);
 }
 
 void validate_fast_attention(const AttnInputs& in, const AttentionResult<float>& r) {
@@ -164,12 +197,12 @@ void BM_Attention_fast(benchmark::State& st) {
   AttentionResult<float> r;
   cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);  // also warms the workspaces
   validate_fast_attention(in, r);
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);
     benchmark::ClobberMemory();
   }
-  report_flops(st, in.flops, seconds_since(t0));
+  report_flops(st, in.flops, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
 }
 
@@ -177,9 +210,9 @@ void BM_Attention_fast(benchmark::State& st) {
 void BM_Attention_fast_backend_api(benchmark::State& st) {
   const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
   validate_fast_attention(in, token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt));
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt));
-  report_flops(st, in.flops, seconds_since(t0));
+  report_flops(st, in.flops, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
 }
 
@@ -211,9 +244,9 @@ constexpr index_t kRouteTokens = 256, kRouteWidth = 2048;
 
 void BM_Route_reference(benchmark::State& st) {
   const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) benchmark::DoNotOptimize(attn_res_route(in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
-  report_bytes(st, in.bytes, seconds_since(t0));
+  report_bytes(st, in.bytes, t0);
 }
 
 void validate_route(const RouteInputs& in, const DepthRoute<float>& r) {
@@ -231,22 +264,22 @@ void BM_Route_fast(benchmark::State& st) {
   DepthRoute<float> r;
   cpu_fast::attn_res_route_into(in.sources, in.g, in.psi, in.kinds, DepthOptions{}, r);
   validate_route(in, r);
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     cpu_fast::attn_res_route_into(in.sources, in.g, in.psi, in.kinds, DepthOptions{}, r);
     benchmark::ClobberMemory();
   }
-  report_bytes(st, in.bytes, seconds_since(t0));
+  report_bytes(st, in.bytes, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
 }
 
 void BM_Route_fast_backend_api(benchmark::State& st) {
   const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);
   validate_route(in, attn_res_route(Backend::cpu_fast, in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st)
     benchmark::DoNotOptimize(attn_res_route(Backend::cpu_fast, in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
-  report_bytes(st, in.bytes, seconds_since(t0));
+  report_bytes(st, in.bytes, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
 }
 
@@ -304,12 +337,12 @@ void BM_Layer_attnres_attention_sublayer(benchmark::State& st) {
     if (!rep.empty()) abort_run("layer attention: " + rep);
   }
   const double flops = 4.0 * 2.0 * T * d * d + static_cast<double>(H) * T * (T + 1) / 2.0 * 4.0 * dh + 2.0 * n * T * d;
-  const auto t0 = Clock::now();
+  const Span t0 = Span::start();
   for (auto _ : st) {
     step();
     benchmark::ClobberMemory();
   }
-  report_flops(st, flops, seconds_since(t0));
+  report_flops(st, flops, t0);
 }
 
 }  // namespace

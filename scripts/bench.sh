@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the micro-benchmarks (CPU; GPU when a device and bench/cuda's benchmarks are present) and
 # writes docs/benchmarks.md: machine, date, load, the targets of issue 7, the tables, and the notes
-# (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them.
+# (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them. A second run with
+# one thread (fast kernels and ceilings only) adds ratios from process CPU time, which a busy
+# shared machine does not distort.
 #
 #   scripts/bench.sh                      # build dir: $OASIS_BUILD_DIR or build-bench
 #   OASIS_BENCH_THREADS=2 scripts/bench.sh --benchmark_filter=Attention   # extra args go to the CPU binary
@@ -19,6 +21,15 @@ OUT=$(mktemp -d)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 --benchmark_out="$OUT/cpu.json" \
   --benchmark_out_format=json "$@"
+# the same kernels with one thread (no slow references): ratios from process CPU time, which do
+# not depend on what else the machine runs (OASIS_BENCH_SINGLE=0 skips this run)
+single=()
+if [ "${OASIS_BENCH_SINGLE:-1}" != 0 ]; then
+  OASIS_BENCH_THREADS=1 OMP_NUM_THREADS=1 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 \
+    --benchmark_filter='Ceiling|RowNormalizer|Attention_fast/|Route_fast/|Layer_attnres' \
+    --benchmark_out="$OUT/cpu1.json" --benchmark_out_format=json
+  single=(--single "$OUT/cpu1.json")
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 gpu_json=()
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -d "$BUILD/bench/cuda" ]; then
@@ -30,7 +41,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -
 fi
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 gpu_name=$( (nvidia-smi -L 2>/dev/null || true) | head -1)
-python3 bench/make_table.py docs/benchmarks.md bench/benchmarks_notes.md "$OUT/cpu.json" "${gpu_json[@]}" -- \
+python3 bench/make_table.py docs/benchmarks.md bench/benchmarks_notes.md "$OUT/cpu.json" "${single[@]}" "${gpu_json[@]}" -- \
   "date (UTC)=$(date -u '+%Y-%m-%d %H:%M')" \
   "machine=$cpu_model, $(nproc) logical CPUs, $(free -g | awk '/Mem:/{print $2}') GiB RAM${gpu_name:+; GPU: $gpu_name}" \
   "compiler=$(${CXX:-c++} --version | head -1)" \

@@ -24,19 +24,21 @@ def rows(data):
             continue
         name = re.sub(r"/min_time:[0-9.]+", "", b["name"].replace("/real_time", ""))
         thr, ratio = "", ""
-        if "GFLOP/s" in b:
-            thr = f"{b['GFLOP/s']:.2f} GFLOP/s"
-        elif "GB/s" in b:
-            thr = f"{b['GB/s']:.2f} GB/s"
+        rate_keys = [k for k in ("GFLOP/s", "TFLOP/s", "GB/s") if k in b] + \
+            [k for k in b if k.endswith("/s") and k not in ("GFLOP/s", "TFLOP/s", "GB/s") and not k.endswith("_cpu")]
+        if rate_keys:
+            thr = f"{b[rate_keys[0]]:.2f} {rate_keys[0]}"
         elif "items_per_second" in b:
             thr = f"{b['items_per_second'] / 1e6:.2f} M items/s"
+        else:
+            rate_keys = []
         if "ratio_gemm" in b:
             ratio = f"{b['ratio_gemm']:.3f} of GEMM"
         elif "ratio_triad" in b:
             ratio = f"{b['ratio_triad']:.3f} of triad"
         extra = [f"{k}={v:.4g}" for k, v in b.items()
-                 if isinstance(v, (int, float)) and k not in
-                 ("real_time", "cpu_time", "iterations", "GFLOP/s", "GB/s", "ratio_gemm", "ratio_triad",
+                 if isinstance(v, (int, float)) and k not in rate_keys[:1] and k not in
+                 ("real_time", "cpu_time", "iterations", "ratio_gemm", "ratio_triad",
                   "items_per_second", "repetitions", "repetition_index", "threads", "family_index",
                   "per_family_instance_index")]
         out.append((name, fmt_time(b), b.get("iterations", 0), thr, ratio, b.get("label", ""), " ".join(extra)))
@@ -142,7 +144,7 @@ def main():
     md.append("")
     md.append(table(gpu_rows) if gpu_rows else "Not measured in this run (no GPU on the benchmark machine, or no "
               "CUDA benchmark built). scripts/bench.sh adds this table when `nvidia-smi` sees a device and "
-              "`bench/cuda` built its benchmarks.")
+              "`bench/cuda` built its benchmarks (every executable in the build's bench/cuda/ directory is run).")
     md.append("")
     md.append(open(notes).read())
     open(out, "w").write("\n".join(md))

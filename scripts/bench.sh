@@ -17,6 +17,11 @@ export OASIS_BENCH_THREADS=${OASIS_BENCH_THREADS:-2}
 export OMP_NUM_THREADS=$OASIS_BENCH_THREADS
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target oasis_bench_cpu
+have_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
+if [ "$have_gpu" = 1 ] && cmake --build "$BUILD" --target help | grep -q '^bench_cuda'; then
+  cmake --build "$BUILD" -j"$(nproc)" --target bench_cuda   # bench/cuda (CUDA backend's benchmarks)
+fi
 OUT=$(mktemp -d)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 --benchmark_out="$OUT/cpu.json" \
@@ -32,9 +37,9 @@ if [ "${OASIS_BENCH_SINGLE:-1}" != 0 ]; then
 fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 gpu_json=()
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -d "$BUILD/bench/cuda" ]; then
-  for exe in "$BUILD"/bench/cuda/oasis_bench_cuda*; do
-    [ -x "$exe" ] || continue
+if [ "$have_gpu" = 1 ] && [ -d "$BUILD/bench/cuda" ]; then
+  for exe in "$BUILD"/bench/cuda/*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
     "$exe" --benchmark_min_time=0.05 --benchmark_out="$OUT/$(basename "$exe").json" --benchmark_out_format=json
     gpu_json+=("$OUT/$(basename "$exe").json")
   done

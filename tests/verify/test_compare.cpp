@@ -372,4 +372,54 @@ TEST(VerifyCompare, ModelLogitsPassAndOnePerturbedLogitFailsNamingItsIndex) {
   r = run_config(dir, mcfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
 }
+
+TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
+  oasis::model::ModelConfig cfg;
+  cfg.init_std = 0.3;
+  cfg.theta_init = 0.5;
+  const auto mf = oasis::model::Model<float>::initialized(cfg, 4243);
+  const std::string dir = tmp_dir("trace");
+  oasis::model::save_model(mf, dir + "/model.safetensors");
+  const index_t B = 2, Tn = 5;
+  std::vector<index_t> ids;
+  Tensor<double> idt({B, Tn});
+  for (index_t i = 0; i < B * Tn; ++i) {
+    ids.push_back((5 * i + 1) % cfg.vocab_size);
+    idt[i] = static_cast<double>(ids.back());
+  }
+  oasis::model::ForwardOptions fo;
+  fo.trace = true;
+  const auto res = mf.forward(ids, B, Tn, fo);
+  io::TensorMap out{{"ids", {io::DType::f32, idt}}, {"logits", {io::DType::f32, res.logits.cast<double>()}}};
+  for (const auto& tr : res.trace) {
+    if (tr.name != "layers.0.attn" && tr.name != "layers.1.mlp") continue;
+    auto put = [&](const std::string& f, const Tensor<float>& t) { out.emplace(tr.name + "." + f, io::StoredTensor{io::DType::f32, t.cast<double>()}); };
+    put("sources", tr.sources); put("g_old", tr.g_old); put("psi", tr.psi); put("alpha", tr.alpha);
+    put("alpha_null", tr.alpha_null); put("g", tr.g); put("dpsi", tr.dpsi); put("routed", tr.routed);
+    if (tr.name == "layers.0.attn") { put("p_null", tr.p_null); put("branch_psi", tr.branch_psi); }
+  }
+  io::write_safetensors(dir + "/run.safetensors", out);
+  const std::string mcfg = R"({"op": "model", "model": "model.safetensors", "inputs": "run.safetensors", "outputs": "run.safetensors"})";
+  verify::CompareReport r = run_config(dir, mcfg);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  EXPECT_EQ(r.tensors.size(), 1u + 5u + 5u + 1u) << verify::format_report(r);  // logits, 2 routers x 5, branch_psi
+  // A routing weight of layers.1.mlp moved by 1e-3: that tensor fails, named with its index.
+  out.at("layers.1.mlp.alpha").values[(2 * B + 1) * Tn + 3] += 1e-3;
+  io::write_safetensors(dir + "/run.safetensors", out);
+  r = run_config(dir, mcfg);
+  EXPECT_FALSE(r.passed);
+  EXPECT_EQ(find(r, "layers.1.mlp.alpha").violations, 1);
+  EXPECT_EQ(find(r, "layers.1.mlp.alpha").first_mismatches.at(0).rfind("layers.1.mlp.alpha[2, 1, 3]", 0), 0u)
+      << verify::format_report(r);
+  EXPECT_TRUE(find(r, "layers.0.attn.alpha").passed);
+  // Router outputs without the router's inputs: a clear input error naming what to provide.
+  out.erase("layers.1.mlp.g_old");
+  io::write_safetensors(dir + "/run.safetensors", out);
+  try {
+    run_config(dir, mcfg);
+    ADD_FAILURE() << "accepted routing tensors without g_old";
+  } catch (const oasis::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.1.mlp.g_old"), std::string::npos) << e.what();
+  }
+}
 #endif

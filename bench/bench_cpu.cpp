@@ -4,7 +4,7 @@
 //   RowNormalizer_*      the reference row op (softmax1) and the fast path's vectorised exp
 //   Attention_*          token attention, causal Softmax1, B = 1, 8 heads, T in {1024, 4096},
 //                        d_h in {64, 128}: plain float reference vs the fused fast path
-//   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 256 tokens, d = 2048
+//   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 1024 tokens, d = 2048
 //   Layer_*              one AttnRes attention sublayer from the core ops (route, RMSNorm, QKV
 //                        projections, fused attention, output projection), d = 512, T = 1024
 //   Layer_model_*        (bench_model.cpp) one full block of the model oracle, Model<float>
@@ -240,7 +240,7 @@ const RouteInputs& route_inputs(index_t n, index_t N, index_t d) {
   return cache.emplace(n, std::move(in)).first->second;
 }
 
-constexpr index_t kRouteTokens = 256, kRouteWidth = 2048;
+constexpr index_t kRouteTokens = 1024, kRouteWidth = 2048;  // one 1024-token sequence
 
 void BM_Route_reference(benchmark::State& st) {
   const RouteInputs& in = route_inputs(st.range(0), kRouteTokens, kRouteWidth);

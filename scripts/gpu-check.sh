@@ -23,9 +23,16 @@ SUMMARY=$LOG/summary.txt
 : >"$SUMMARY"
 status=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
-step() {  # step NAME TIMEOUT_S command...
+DEADLINE=$((SECONDS + 460))  # the whole check stays under 8 minutes, whatever the steps' limits
+step() {  # step NAME TIMEOUT_S command...  (the timeout is cut to what is left before DEADLINE)
   local name=$1 limit=$2
   shift 2
+  local left=$((DEADLINE - SECONDS))
+  ((left < limit)) && limit=$left
+  if ((limit <= 5)); then
+    note "$(printf '%-18s skipped: the 8-minute budget is spent' "$name")"
+    return 124
+  fi
   local t0=$SECONDS
   timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
@@ -38,7 +45,7 @@ note "oasis gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --sh
 note "device: $(tail -n +2 "$LOG/device.txt" | head -1)"
 note "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 
-step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOASIS_ENABLE_CUDA=ON \
+step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOASIS_ENABLE_CUDA=ON \
   -DOASIS_CUDA_ARCHITECTURES="$ARCHS" -DOASIS_BUILD_TESTS=ON -DOASIS_BUILD_BENCH=ON || { note "configure failed"; exit 1; }
 
 TARGETS=(test_cuda_host test_cuda_device test_cuda_parity)
@@ -49,10 +56,10 @@ if cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^bench_cuda:'; th
 else
   note "bench_cuda target missing: bench/CMakeLists.txt must add_subdirectory(cuda) when OASIS_HAVE_CUDA"
 fi
-step build 330 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" || { note "build failed"; exit 1; }
+step build 300 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" || { note "build failed"; exit 1; }
 
 # Is a device usable? Without one every CUDA test skips with the reason.
-"$BUILD/tests/cuda/test_cuda_device" --gtest_filter='CudaDeviceApi.*' >"$LOG/availability.log" 2>&1
+timeout 30 "$BUILD/tests/cuda/test_cuda_device" --gtest_filter='CudaDeviceApi.*' >"$LOG/availability.log" 2>&1
 if grep -q "SKIPPED" "$LOG/availability.log"; then
   note "no usable CUDA device: $(grep -o 'backend cuda is not available.*' "$LOG/availability.log" | head -1)"
   status=1
@@ -60,14 +67,14 @@ fi
 
 # The CUDA family (tests/cuda): parity over every backend, CUDA-only parity, host checks. -V keeps
 # each test's output, including the [parity] lines with the realised errors and margins.
-step parity_tests 240 ctest --test-dir "$BUILD" -L parity -R 'Cuda|Backends|SimulatedKernel' -V \
-  -j"$JOBS" --timeout 200 || status=1
+step parity_tests 200 ctest --test-dir "$BUILD" -L parity -R 'Cuda|Backends|SimulatedKernel' -V \
+  -j"$JOBS" --timeout 150 || status=1
 grep -E "tests passed|tests failed|Total Test time" "$LOG/parity_tests.log" | tee -a "$SUMMARY"
 note "skipped: $(grep -c 'Skipped' "$LOG/parity_tests.log" || true) (cpu_fast is skipped when it is not built in)"
 grep -E "\[parity\]" "$LOG/parity_tests.log" | sed 's/^[0-9]*: //' | sort >"$LOG/parity_margins.txt" || true
 
 if [[ $HAVE_BENCH -eq 1 ]]; then
-  step bench 150 "$BUILD/bench/cuda/bench_cuda" --benchmark_min_time=0.05 \
+  step bench 120 "$BUILD/bench/cuda/bench_cuda" --benchmark_min_time=0.05 \
     --benchmark_out="$LOG/bench_cuda.json" --benchmark_out_format=json || status=1
   grep -E "^BM_" "$LOG/bench.log" | tee -a "$SUMMARY" >/dev/null
   grep -E "^BM_" "$LOG/bench.log" >"$LOG/bench_table.txt" || true

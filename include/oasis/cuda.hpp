@@ -154,7 +154,8 @@ struct SublayerResult {
   Tensor<float> psi;        ///< [B, T] null statistic of the branch (attention only)
 };
 
-/// One Full-AttnRes sublayer: h_l = route(sources; g = w_l^T RMSNorm(v_i), coupling with psi),
+/// One Full-AttnRes sublayer: h_l = route(sources; g = w_l^T RMSNorm(v_i), coupling with psi;
+/// without coupling a finite score_clamp still clamps g, as oasis::model's routers do),
 /// then f_l(h_l) = W_o Attn(RoPE(qk-norm(W_{q,k,v} RMSNorm(h_l)))) or W_down(silu(W_gate x) * W_up x).
 /// sources [n, N, d], psi [n, N] (the branches' null statistics), kinds[n].
 SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<float>& psi,

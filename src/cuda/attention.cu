@@ -1,7 +1,7 @@
 // src/cuda/attention.cu — fused token attention forward with a null category (SPEC §1–2).
 //
 // One thread block = 4 warps = 16 queries of one (batch, head); each warp owns 4 queries and the
-// block streams the visible keys in tiles of 32 through shared memory (converted to float32 on
+// block streams the visible keys in tiles of 32 (lane j scores key j) through shared memory (converted to float32 on
 // load, so float16 / bfloat16 inputs are accumulated in float32). Per query the online
 // normalisation keeps (M, S, o):
 //
@@ -15,7 +15,8 @@
 // A row with no visible key keeps the start state: softmax1 gives out 0, p_null 1, LSE1 = s;
 // plain softmax gives the library's documented zero (out 0, LSE -inf, p_null 0). Masked keys
 // form a suffix of the row (padding length, bottom-right causal: j <= t + Tk - Tq), so a tile
-// holds either no visible key of a query (skipped) or a visible prefix.
+// holds either no visible key of a query (skipped) or a visible prefix. A score that overflows to
+// NaN or +inf is reported through bad_score (the host wrapper throws as the reference does).
 // Scores are z = scale * <q, k> with the dot product summed in c order (as the reference) and
 // exp/log are the accurate expf/logf (no fast-math), so the error stays at the reference's level.
 #include <cuda_bf16.h>
@@ -53,6 +54,19 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+/// v[0..R) = p[0..R) from shared memory with one 16-byte (R = 4) or 8-byte (R = 2) load.
+template <int R>
+__device__ __forceinline__ void load_row_slice(const float* p, float (&v)[R]) {
+  static_assert(R == 2 || R == 4, "head tiles of 64 or 128");
+  if constexpr (R == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x; v[1] = x.y;
+  }
+}
+
 __device__ __forceinline__ int visible_keys(const AttentionLaunch& a, int len, int t) {
   return row_visible_keys(len, a.causal, t, a.Tq, a.Tk);
 }
@@ -60,10 +74,12 @@ __device__ __forceinline__ int visible_keys(const AttentionLaunch& a, int len, i
 template <class In, int D>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaunch a) {
   static_assert(D % 32 == 0, "head dimension tile must be a multiple of the warp size");
-  constexpr int R = D / 32;  // output columns per lane
-  __shared__ float Qs[kBQ][D];
-  __shared__ float Ks[kBK][D + 1];  // +1: lanes read different rows of the same column
-  __shared__ float Vs[kBK][D];
+  constexpr int R = D / 32;  // output columns per lane: columns lane * R .. lane * R + R - 1
+  // Rows of 16-byte multiples, read as float4 / float2. Ks rows are padded by 4 floats so that
+  // the 8 lanes of each quarter-warp phase of a 16-byte load hit distinct banks.
+  __shared__ __align__(16) float Qs[kBQ][D];
+  __shared__ __align__(16) float Ks[kBK][D + 4];
+  __shared__ __align__(16) float Vs[kBK][D];
 
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kBQ;
   const int hk = h / (a.H / a.H_kv);
@@ -106,11 +122,17 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
     float acc[kQPerWarp];
 #pragma unroll
     for (int i = 0; i < kQPerWarp; ++i) acc[i] = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < D; ++c) {
-      const float kc = Ks[lane][c];
+#pragma unroll 2
+    for (int c = 0; c < D; c += 4) {  // c order, as the reference sums
+      const float4 kc = *reinterpret_cast<const float4*>(&Ks[lane][c]);
 #pragma unroll
-      for (int i = 0; i < kQPerWarp; ++i) acc[i] = fmaf(Qs[warp * kQPerWarp + i][c], kc, acc[i]);
+      for (int i = 0; i < kQPerWarp; ++i) {
+        const float4 qc = *reinterpret_cast<const float4*>(&Qs[warp * kQPerWarp + i][c]);  // broadcast
+        acc[i] = fmaf(qc.x, kc.x, acc[i]);
+        acc[i] = fmaf(qc.y, kc.y, acc[i]);
+        acc[i] = fmaf(qc.z, kc.z, acc[i]);
+        acc[i] = fmaf(qc.w, kc.w, acc[i]);
+      }
     }
 
     const int j = j0 + lane;
@@ -119,19 +141,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
     for (int i = 0; i < kQPerWarp; ++i) {
       p[i] = 0.0f;
       if (j0 >= nvis[i]) continue;  // warp-uniform: no visible key of this tile for query i
-      const float z = j < nvis[i] ? acc[i] * a.scale : -INFINITY;
-      const float corr = online_rescale(row[i], warp_max(z));  // tile max finite: key j0 is visible
-      p[i] = j < nvis[i] ? expf(z - row[i].m) : 0.0f;
+      float z = j < nvis[i] ? acc[i] * a.scale : -INFINITY;
+      if (isnan(z) || z == INFINITY) {  // overflowed score: reported, then treated as masked
+        if (a.bad_score) *a.bad_score = 1;
+        z = -INFINITY;
+      }
+      const float corr = online_rescale(row[i], warp_max(z));
+      p[i] = online_weight(z, row[i].m);
       row[i].l += warp_sum(p[i]);
 #pragma unroll
       for (int r = 0; r < R; ++r) o[i][r] *= corr;
     }
-    // o += sum_j p_j v_j; lane owns columns lane + 32 r. Invisible keys have p = 0 and V = 0.
+    // o += sum_j p_j v_j; lane owns columns lane * R + r. Invisible keys have p = 0 and V = 0.
     const int jn = min(kBK, kmax - j0);
     for (int jj = 0; jj < jn; ++jj) {
       float vr[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) vr[r] = Vs[jj][lane + 32 * r];
+      load_row_slice<R>(&Vs[jj][lane * R], vr);
 #pragma unroll
       for (int i = 0; i < kQPerWarp; ++i) {
         const float pj = __shfl_sync(kFull, p[i], jj);
@@ -150,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
     float* out = a.out + b * a.o_sb + h * a.o_sh + static_cast<long long>(t) * a.o_st;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int c = lane + 32 * r;
+      const int c = lane * R + r;
       if (c < a.d_v) out[c] = o[i][r] * f.inv;
     }
     if (lane == 0) {
@@ -185,7 +210,8 @@ __global__ void __launch_bounds__(kThreads) probs_kernel(const AttentionLaunch a
       const In* kj = k + static_cast<long long>(j) * a.k_st;
       float acc = 0.0f;
       for (int c = 0; c < a.d_h; ++c) acc = fmaf(qs[c], load(kj + c), acc);
-      p = expf(acc * a.scale - M) * inv;
+      const float z = acc * a.scale;
+      p = (isnan(z) || z == INFINITY) ? 0.0f : online_weight(z, M) * inv;
     }
     pr[j] = p;
   }

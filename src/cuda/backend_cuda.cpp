@@ -203,6 +203,8 @@ AttentionResult<float> run_attention(InType type, const void* q, const void* k, 
   DeviceBuffer<int> dlen = to_device(lens);
   DeviceBuffer<float> dout(rows * static_cast<std::size_t>(s.d_v)), dlse(rows), dpn(rows);
   DeviceBuffer<float> dmax(opt.return_probs ? rows : 0), dsum(opt.return_probs ? rows : 0);
+  DeviceBuffer<int> dbad(1);
+  check(cudaMemset(dbad.get(), 0, sizeof(int)), "cudaMemset");
 
   AttentionLaunch a = contiguous_launch(type, dq.get(), dk.get(), dv.get(), s);
   a.softmax1 = opt.normalizer == RowNorm::softmax1;
@@ -215,7 +217,13 @@ AttentionResult<float> run_attention(InType type, const void* q, const void* k, 
   a.p_null = dpn.get();
   a.row_max = dmax.get();
   a.row_sum = dsum.get();
+  a.bad_score = dbad.get();
   check(launch_attention(a, nullptr), "fused attention launch");
+  int bad = 0;
+  dbad.download(&bad);
+  // As normalize_row: a NaN or +inf score (q.k overflowed float) is rejected.
+  OASIS_REQUIRE(bad == 0, "scores", "a score q.k * scale overflowed to NaN or +inf (the inputs are too large for "
+                "float32 scores)");
 
   AttentionResult<float> r;
   r.out = Tensor<float>({s.B, s.H, s.Tq, s.d_v});

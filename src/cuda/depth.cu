@@ -52,8 +52,13 @@ __global__ void depth_weights_kernel(const __grid_constant__ DepthLaunch a) {
     }
   } else {
     for (int i = 0; i < a.n; ++i) {
+      float x = a.g_old[i * N + t];
+      if (a.clamp_uncoupled) {  // the model's routers clamp whether or not psi couples
+        if (x > a.score_clamp) x = a.score_clamp;
+        if (x < -a.score_clamp) x = -a.score_clamp;
+      }
       a.dpsi[i * N + t] = 0.0f;
-      a.g[i * N + t] = a.g_old[i * N + t];
+      a.g[i * N + t] = x;
     }
   }
   float M = a.softmax1 ? 0.0f : -INFINITY;

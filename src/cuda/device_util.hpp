@@ -85,6 +85,7 @@ namespace oasis::cuda::detail {
 struct RouteSetup {
   float beta = 0.0f;
   std::vector<unsigned char> evidence;
+  bool clamp_uncoupled = false;  ///< oasis::model::finish_route: clamp g_old when coupling is off
 };
 RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                             const std::vector<SourceKind>& kinds, const DepthOptions& opt);

@@ -40,6 +40,10 @@ struct AttentionLaunch {
   float* p_null = nullptr;
   float* row_max = nullptr;
   float* row_sum = nullptr;
+  /// Optional flag set to 1 when a visible key's score is NaN or +inf (q.k overflowed): the
+  /// reference rejects such a row ("scores"); the key is then treated as masked. A -inf score is
+  /// a masked key, as in the reference.
+  int* bad_score = nullptr;
 };
 
 /// The largest head size (d_h and d_v) the fused kernel supports.
@@ -63,6 +67,7 @@ struct DepthLaunch {
   const float* psi = nullptr;              ///< [n, N]
   unsigned char evidence[kMaxCandidates] = {};  ///< has_null_evidence(kind_i, headless rule), i < n
   bool coupling = true;
+  bool clamp_uncoupled = false;            ///< without coupling, clamp g_old too (oasis::model routers)
   bool authors_code = false;               ///< centring convention (false: paper_v2)
   float beta = 0.0f;                       ///< already capped by beta_max
   float score_clamp = 0.0f;                ///< +inf for none

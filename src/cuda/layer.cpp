@@ -120,7 +120,9 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   // The router: logits of the sources are computed on the device; their validation is that of
   // attn_res_route with finite g_old (finite sources and weights give finite logits).
   const Tensor<float> g_placeholder({n, N});  // shape-only stand-in for the g_old checks
-  const detail::RouteSetup setup = detail::check_route_args(sources, g_placeholder, psi, kinds, opt.depth);
+  detail::RouteSetup setup = detail::check_route_args(sources, g_placeholder, psi, kinds, opt.depth);
+  // As oasis::model::finish_route: a convention with a score clamp clamps g_old even without coupling.
+  setup.clamp_uncoupled = !opt.depth.coupling && std::isfinite(opt.depth.coupling_options.score_clamp);
   detail::require_device();
 
   // --- depth routing ---

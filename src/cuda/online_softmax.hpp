@@ -40,11 +40,12 @@ OASIS_HD OnlineRow online_start(bool softmax1, float s) {
   return softmax1 ? OnlineRow{s, 1.0f} : OnlineRow{-INFINITY, 0.0f};
 }
 
-/// Moves the row to the new maximum max(M, tile_max) (tile_max: maximum logit of a tile holding at
-/// least one visible key, hence finite) and returns the factor c = e^{M - M'} by which S and o
-/// must be rescaled (0 when M was -inf).
+/// Moves the row to the new maximum max(M, tile_max) (tile_max: maximum logit of a tile, -inf when
+/// every key of the tile is masked) and returns the factor c = e^{M - M'} by which S and o must be
+/// rescaled (0 when M was -inf; 1 when the tile changes nothing).
 OASIS_HD float online_rescale(OnlineRow& r, float tile_max) {
-  const float m_new = r.m > tile_max ? r.m : tile_max;
+  if (!(tile_max > r.m)) return 1.0f;  // also covers M = tile_max = -inf (no -inf - -inf)
+  const float m_new = tile_max;
   const float corr = expf(r.m - m_new);
   r.m = m_new;
   r.l *= corr;
@@ -56,6 +57,9 @@ struct RowFinish {
   float lse;     ///< LSE1 (softmax1) or LSE (softmax)
   float p_null;  ///< null probability (0 for softmax)
 };
+
+/// e^{z - M} of a key's score, 0 for a masked (-inf) score (never -inf - -inf).
+OASIS_HD float online_weight(float z, float m) { return z == -INFINITY ? 0.0f : expf(z - m); }
 
 OASIS_HD RowFinish online_finish(const OnlineRow& r, bool softmax1, float s) {
   if (!(r.l > 0.0f)) return RowFinish{0.0f, -INFINITY, 0.0f};  // plain softmax, no visible key

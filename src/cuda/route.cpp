@@ -59,6 +59,7 @@ void launch_route(const float* sources, const float* g_old, const float* psi, in
   a.psi = psi;
   for (index_t i = 0; i < n; ++i) a.evidence[i] = setup.evidence[static_cast<std::size_t>(i)];
   a.coupling = opt.coupling;
+  a.clamp_uncoupled = setup.clamp_uncoupled;
   a.authors_code = opt.coupling_options.centring == Centring::authors_code;
   a.beta = setup.beta;
   a.score_clamp = static_cast<float>(opt.coupling_options.score_clamp);  // T(score_clamp), inf stays inf

@@ -21,7 +21,13 @@
 #include <vector>
 
 #include "oasis/attention.hpp"
+#include "oasis/backend.hpp"
 #include "oasis/tensor.hpp"
+
+namespace oasis {
+/// GoogleTest prints a backend parameter by name (test names in ctest stay readable).
+inline void PrintTo(Backend b, std::ostream* os) { *os << to_string(b); }
+}  // namespace oasis
 
 namespace oasis::test {
 
@@ -101,6 +107,8 @@ inline std::vector<AttentionCase> attention_cases() {
       {"padding_softmax", 2, 2, 1, 12, 45, 64, 64, RowNorm::softmax, false, {5, 0}, false},
   };
 }
+
+inline void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
 struct AttentionInputs {
   Tensor<float> q, k, v;

@@ -70,6 +70,67 @@ TEST(CudaDeviceApi, EqualsTheHostEntryPointBitwise) {
   EXPECT_TRUE(exactly_equal("psi(host)", cuda::null_statistic(host.p_null), null_statistic(host.p_null)));
 }
 
+template <class T>
+T* upload(const Tensor<T>& t) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), static_cast<std::size_t>(t.size()) * sizeof(T)), cudaSuccess);
+  cudaMemcpy(p, t.data(), static_cast<std::size_t>(t.size()) * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+template <class T>
+Tensor<T> download(const T* p, Shape s) {
+  Tensor<T> t(std::move(s));
+  EXPECT_EQ(cudaMemcpy(t.data(), p, static_cast<std::size_t>(t.size()) * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return t;
+}
+
+// The device routing and pseudo-query entry points run the kernels of the host entry points.
+TEST(CudaDeviceApi, RouteAndPseudoQueryEqualTheHostEntryPointsBitwise) {
+  OASIS_SKIP_WITHOUT_CUDA();
+  const index_t n = 5, N = 70, d = 96;
+  std::mt19937_64 rng = make_rng(12);
+  const std::vector<SourceKind> kinds{SourceKind::initial, SourceKind::attention, SourceKind::headless,
+                                      SourceKind::attention, SourceKind::headless};
+  const Tensor<float> sources = randn<float>({n, N, d}, rng), w = randn<float>({d}, rng, 0.3);
+  const Tensor<float> psi = uniform<float>({n, N}, rng, 0.0, 1.0);
+  DepthOptions opt;
+  opt.beta = 1.5;
+  const Tensor<float> g_host = cuda::pseudo_query_logits(sources, w);
+  const DepthRoute<float> r_host = attn_res_route(Backend::cuda, sources, g_host, psi, kinds, opt);
+  float *ds = upload(sources), *dw = upload(w), *dpsi_in = upload(psi);
+  float *g_old = upload(Tensor<float>({n, N})), *h = upload(Tensor<float>({N, d})), *alpha = upload(Tensor<float>({n, N}));
+  float *an = upload(Tensor<float>({N})), *g = upload(Tensor<float>({n, N})), *dpsi = upload(Tensor<float>({n, N}));
+  cuda::pseudo_query_logits_device(ds, n, N, d, dw, nullptr, KeyNormOptions{}, g_old);
+  cuda::attn_res_route_device(ds, g_old, dpsi_in, n, N, d, kinds, opt, h, alpha, an, g, dpsi);
+  EXPECT_TRUE(exactly_equal("g_old", download(g_old, {n, N}), g_host));
+  EXPECT_TRUE(exactly_equal("h", download(h, {N, d}), r_host.h));
+  EXPECT_TRUE(exactly_equal("alpha", download(alpha, {n, N}), r_host.alpha));
+  EXPECT_TRUE(exactly_equal("alpha_null", download(an, {N}), r_host.alpha_null));
+  EXPECT_TRUE(exactly_equal("g", download(g, {n, N}), r_host.g));
+  EXPECT_TRUE(exactly_equal("dpsi", download(dpsi, {n, N}), r_host.dpsi));
+  // g and Dpsi: the reference's operations in the reference's order (no contraction): bitwise.
+  const DepthRoute<float> ref = attn_res_route(sources, g_host, psi, kinds, opt);
+  EXPECT_TRUE(exactly_equal("g(reference)", r_host.g, ref.g));
+  EXPECT_TRUE(exactly_equal("dpsi(reference)", r_host.dpsi, ref.dpsi));
+  for (float* p : {ds, dw, dpsi_in, g_old, h, alpha, an, g, dpsi}) cudaFree(p);
+}
+
+// Scores that overflow float (q.k = NaN or +inf) are rejected naming "scores", as the reference does.
+TEST(CudaDeviceApi, OverflowedScoresAreRejectedLikeTheReference) {
+  OASIS_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng = make_rng(13);
+  const Tensor<float> q = randn<float>({1, 2, 8, 64}, rng, 1e20), k = randn<float>({1, 2, 8, 64}, rng, 1e20);
+  const Tensor<float> v = randn<float>({1, 2, 8, 64}, rng);
+  for (const Backend b : {Backend::reference, Backend::cuda}) {
+    try {
+      token_attention(b, q, k, v);
+      ADD_FAILURE() << to_string(b) << ": overflowed scores were accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "scores") << to_string(b) << ": " << e.what();
+    }
+  }
+}
+
 // --- one AttnRes sublayer: host composition of the core (oasis/model/layers.hpp semantics) -------
 
 template <class T>
@@ -122,7 +183,11 @@ HostSublayer<T> host_sublayer(const Tensor<float>& sources_f, const Tensor<float
   const Tensor<T> sources = sources_f.cast<T>(), psi = psi_f.cast<T>();
   auto cast = [](const Tensor<float>& t) { return t.cast<T>(); };
   const index_t N = sources.dim(1), d = sources.dim(2), B = opt.batch, Tn = N / B;
-  const Tensor<T> g_old = pseudo_query_logits(sources, cast(wf.pseudo_query), cast(wf.key_gain), opt.key_norm);
+  Tensor<T> g_old = pseudo_query_logits(sources, cast(wf.pseudo_query), cast(wf.key_gain), opt.key_norm);
+  if (!opt.depth.coupling && std::isfinite(opt.depth.coupling_options.score_clamp)) {  // model::finish_route
+    const T lim(opt.depth.coupling_options.score_clamp);
+    for (index_t i = 0; i < g_old.size(); ++i) g_old[i] = g_old[i] > lim ? lim : (g_old[i] < -lim ? -lim : g_old[i]);
+  }
   const DepthRoute<T> route = attn_res_route(sources, g_old, psi, kinds, opt.depth);
   Tensor<T> x = route.h;
   rms_rows(x, d, cast(wf.norm), opt.norm_eps);
@@ -170,6 +235,7 @@ struct SublayerCase {
   std::string name;
   cuda::SublayerOptions opt;
   bool qk_norm = false;
+  double pq_scale = 0.5;  ///< spread of the pseudo-query: 12 gives |g_old| ~ 100, beyond a [-50, 50] clamp
 };
 
 std::vector<SublayerCase> sublayer_cases() {
@@ -190,11 +256,13 @@ std::vector<SublayerCase> sublayer_cases() {
   vanilla.rope = cuda::Rope::none;
   cuda::SublayerOptions mlp = base;
   mlp.kind = cuda::SublayerKind::mlp;
+  mlp.depth.coupling = false;  // uncoupled authors_code convention: g_old clamped to [-50, 50]
+  mlp.depth.coupling_options = CouplingOptions::authors_code();
   return {{"oasis_rotate_half_gqa", base, false},
           {"oasis_qk_norm", base, true},
           {"authors_interleaved", inter, false},
           {"vanilla_no_rope", vanilla, false},
-          {"mlp_swiglu", mlp, false}};
+          {"mlp_swiglu_clamped_router", mlp, false, 12.0}};
 }
 
 /// Per-tensor rule for the composed sublayer: max |x - x_hp| <= 2 max |x_ref - x_hp| + floor,
@@ -218,6 +286,8 @@ template <class L>
   return ::testing::AssertionFailure() << name << ": max |err| " << e << " > 2 * " << er << " + " << floor;
 }
 
+void PrintTo(const SublayerCase& c, std::ostream* os) { *os << c.name; }
+
 class SublayerParity : public ::testing::TestWithParam<SublayerCase> {};
 
 TEST_P(SublayerParity, WithinTwiceReferenceErrorPlusFloor) {
@@ -231,7 +301,7 @@ TEST_P(SublayerParity, WithinTwiceReferenceErrorPlusFloor) {
   const Tensor<float> sources = randn<float>({n, N, d}, rng), psi = uniform<float>({n, N}, rng, 0.0, 1.0);
   cuda::SublayerWeights w;
   const double ws = 1.0 / std::sqrt(static_cast<double>(d));
-  w.pseudo_query = randn<float>({d}, rng, 0.5);
+  w.pseudo_query = randn<float>({d}, rng, c.pq_scale);
   w.key_gain = uniform<float>({d}, rng, 0.5, 1.5);
   w.norm = uniform<float>({d}, rng, 0.5, 1.5);
   w.wq = randn<float>({H * dh, d}, rng, ws);

@@ -258,7 +258,7 @@ AttentionResult<float> simulate_fused(const AttentionInputs& in, bool double_nul
           }
           const float corr = online_rescale(row, tile_max);
           float sum = 0.0f;
-          for (int jj = 0; jj < jn; ++jj) sum += (p[static_cast<std::size_t>(jj)] = std::exp(z[static_cast<std::size_t>(jj)] - row.m));
+          for (int jj = 0; jj < jn; ++jj) sum += (p[static_cast<std::size_t>(jj)] = online_weight(z[static_cast<std::size_t>(jj)], row.m));
           row.l += sum;
           for (index_t c = 0; c < s.d_v; ++c) {
             float oc = o[static_cast<std::size_t>(c)] * corr;
@@ -316,6 +316,15 @@ TEST(CudaOnlineRow, RescaleFromEmptySoftmaxStateIsZeroNotNaN) {
   OnlineRow r1 = online_start(true, 2.0f);
   EXPECT_EQ(online_rescale(r1, 1.0f), 1.0f);  // below the null logit: no change
   EXPECT_EQ(r1.m, 2.0f);
+  EXPECT_EQ(r1.l, 1.0f);
+  // A tile whose scores are all -inf (masked, or overflowed towards -inf) changes nothing.
+  OnlineRow r2 = online_start(false, 0.0f);
+  EXPECT_EQ(online_rescale(r2, -INFINITY), 1.0f);
+  EXPECT_TRUE(std::isinf(r2.m) && r2.m < 0);
+  EXPECT_EQ(r2.l, 0.0f);
+  EXPECT_EQ(online_weight(-INFINITY, -INFINITY), 0.0f);
+  EXPECT_EQ(online_weight(-INFINITY, 5.0f), 0.0f);
+  EXPECT_EQ(online_weight(5.0f, 5.0f), 1.0f);
 }
 
 class SimulatedKernel : public ::testing::TestWithParam<AttentionCase> {};

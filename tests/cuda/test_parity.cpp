@@ -19,6 +19,9 @@
 #include "parity_rule.hpp"
 #if defined(OASIS_HAVE_CUDA)
 #include "oasis/cuda.hpp"
+namespace oasis::cuda {
+inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
+}  // namespace oasis::cuda
 #endif
 
 namespace oasis::test {
@@ -164,6 +167,8 @@ std::vector<RouteCase> route_cases() {
       {"headless_no_evidence", 23, 72, {K::initial, K::attention, K::headless, K::attention}, no_evidence},
   };
 }
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
 
 class RouteParity : public ::testing::TestWithParam<std::tuple<Backend, RouteCase>> {};
 

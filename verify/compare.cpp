@@ -540,7 +540,9 @@ std::string describe_ops() {
       "                options eps, compute_in_float32\n"
       "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
       "                inputs ids [B,T] (token ids, exact integers in any float dtype)\n"
-      "                outputs logits [B,T,vocab]\n";
+      "                outputs logits [B,T,vocab]; trace tensors <sublayer>.alpha|alpha_null|g|dpsi|routed\n"
+      "                (with the router inputs <sublayer>.sources|g_old|psi) and <sublayer>.branch_psi\n"
+      "                (with <sublayer>.p_null); see docs/verify.md\n";
 }
 
 CompareReport compare_config(const Value& cfg, const std::string& base_dir, const std::string& default_file,

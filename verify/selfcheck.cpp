@@ -180,6 +180,7 @@ bool selected(const std::vector<std::string>& only, const std::string& id) {
 
 std::string fmt(double x) {
   if (std::isnan(x)) return "-";
+  if (x == 0) x = 0;  // print -0 as 0
   char b[32];
   std::snprintf(b, sizeof b, "%.3g", x);
   return b;

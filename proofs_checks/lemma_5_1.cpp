@@ -20,6 +20,9 @@ const char* const kRef = "Lemma 5.1 (§5, App. C.1, Assumptions D.1, D.3)";
 
 template <class T> struct Impl {
   AttentionFn<T> attention;  ///< token attention; the lemma is about plain softmax rows
+  /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
+  /// show that the equality case exposes a bound that is off by a constant.
+  double loosen = 1.0;
 };
 
 /// One instance: logits z, values v (rounded to T), no-op token o, direction u (double).
@@ -122,7 +125,7 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       continue;
     }
     const R p_o = e.val.probs(0, 0, 0, in.o);
-    const R rhs = (c1 - delta) / (c0 + c1);
+    const R rhs = impl.loosen * (c1 - delta) / (c0 + c1);
     const double allowed = e.bound.probs(0, 0, 0, in.o) + delta_err / dbl(c0 + c1) + kEvalAllowance;
     if (tight) t.tight_margin("p_o >= (c1 - delta)/(c0 + c1)", dbl(p_o - rhs), allowed);
     else t.margin("p_o >= (c1 - delta)/(c0 + c1)", dbl(p_o - rhs), allowed);
@@ -204,6 +207,13 @@ Check make_lemma_5_1() {
                            body<T>(output_skips_first_key<T>(), cfg, t);
                          });
                        }});
+  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "lower bound 0.9 (c1 - delta)/(c0 + c1): the equality case must expose it",
+                                [](auto tag, const CheckConfig& cfg, Tally& t) {
+                                  using T = typename decltype(tag)::type;
+                                  Impl<T> m{library_attention<T>()};
+                                  m.loosen = 0.9;
+                                  body<T>(m, cfg, t);
+                                }));
   return c;
 }
 

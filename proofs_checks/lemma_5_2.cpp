@@ -20,6 +20,9 @@ const char* const kRef = "Lemma 5.2 (§5, App. C.4, Assumption D.2)";
 template <class T> struct Impl {
   AttentionFn<T> attention;  ///< the branches' token attention (sink masses)
   RouteFn<T> route;          ///< the depth weights
+  /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
+  /// show that the equality case exposes a bound that is off by a constant.
+  double loosen = 1.0;
 };
 
 template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
@@ -84,15 +87,15 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     for (index_t l = 0; l < L; ++l) { total += e.val.alpha(l, 0); b_total += e.bound.alpha(l, 0); }
     t.identity("sum_l alpha_l + alpha_null = 1", dbl(abs(total - 1)), b_total);
     t.identity("alpha_null = 1 / (1 + sum_r e^{g_r})", dbl(abs(e.val.alpha_null[0] - a_null)), e.bound.alpha_null[0] + kEvalAllowance);
-    const R keep = 1 - a_null;
+    const R keep = 1 - a_null, up_keep = keep * R(impl.loosen), lo_keep = keep / R(impl.loosen);
     const char* up = depth_null ? "Sigma <= (1 - alpha_null) max sigma" : "Sigma <= max sigma";
     const char* lo = depth_null ? "Sigma >= (1 - alpha_null) min sigma" : "Sigma >= min sigma";
     if (tight) {
-      t.tight_margin(up, dbl(keep * smax - Sigma), b_max);
-      t.tight_margin(lo, dbl(Sigma - keep * smin), b_min);
+      t.tight_margin(up, dbl(up_keep * smax - Sigma), b_max);
+      t.tight_margin(lo, dbl(Sigma - lo_keep * smin), b_min);
     } else {
-      t.margin(up, dbl(keep * smax - Sigma), b_max);
-      t.margin(lo, dbl(Sigma - keep * smin), b_min);
+      t.margin(up, dbl(up_keep * smax - Sigma), b_max);
+      t.margin(lo, dbl(Sigma - lo_keep * smin), b_min);
     }
     const R as = e.val.alpha(lstar, 0);
     t.margin("after collapse: |Sigma - sigma_{l*}| <= 1 - alpha_{l*}",
@@ -154,6 +157,13 @@ Check make_lemma_5_2() {
                                 [](auto tag, const CheckConfig& cfg, Tally& t) {
                                   using T = typename decltype(tag)::type;
                                   body<T>(null_dropped_from_denominator<T>(), cfg, t);
+                                }));
+  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "bounds 1.1 max sigma and min sigma / 1.1: the equality case must expose them",
+                                [](auto tag, const CheckConfig& cfg, Tally& t) {
+                                  using T = typename decltype(tag)::type;
+                                  Impl<T> m{library_attention<T>(), library_route<T>()};
+                                  m.loosen = 1.1;
+                                  body<T>(m, cfg, t);
                                 }));
   return c;
 }

@@ -17,6 +17,9 @@ const char* const kRef = "Theorem 5.1 (§5, App. C.3)";
 
 template <class T> struct Impl {
   RouteFn<T> route;  ///< depth routing; the theorem is about softmax depth weights
+  /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
+  /// show that the equality case exposes a bound that is off by a constant.
+  double loosen = 1.0;
 };
 
 template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
@@ -123,7 +126,7 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       continue;
     }
     const R a = e.val.alpha(istar, 0);
-    const R rhs = (B1 - delta) / (B0 + B1);
+    const R rhs = impl.loosen * (B1 - delta) / (B0 + B1);
     const double allowed = e.bound.alpha(istar, 0) + delta_err / dbl(B0 + B1) + kEvalAllowance;
     if (tight) t.tight_margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", dbl(a - rhs), allowed);
     else t.margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", dbl(a - rhs), allowed);
@@ -181,6 +184,13 @@ Check make_theorem_5_1() {
                                 [](auto tag, const CheckConfig& cfg, Tally& t) {
                                   using T = typename decltype(tag)::type;
                                   body<T>(sources_reversed<T>(), cfg, t);
+                                }));
+  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "lower bound 0.9 (b1 - delta_t)/(b0 + b1): the equality case must expose it",
+                                [](auto tag, const CheckConfig& cfg, Tally& t) {
+                                  using T = typename decltype(tag)::type;
+                                  Impl<T> m{library_route<T>()};
+                                  m.loosen = 0.9;
+                                  body<T>(m, cfg, t);
                                 }));
   return c;
 }

@@ -20,6 +20,9 @@ const char* const kRef = "Theorem 5.2 (§5, App. C.5)";
 template <class T> struct Impl {
   AttentionFn<T> attention;
   RouteFn<T> route;
+  /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
+  /// show that the equality case exposes a bound that is off by a constant.
+  double loosen = 1.0;
 };
 
 /// Logits whose null probability (null logit s) is `target` exactly in real arithmetic.
@@ -70,11 +73,11 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       for (const auto& row : v) V = std::max(V, norm_of(std::vector<R>(row.begin(), row.end())));
       const R An = norm_of(last_axis(a.val.out, 0, dv));
       const double bA = norm_of(last_axis(a.bound.out, 0, dv)) / dbl(V) + kEvalAllowance;
-      if (tight) t.tight_margin("||A~|| <= V_max (1 - p_null)", dbl((V * (1 - pn) - An) / V), bA);
-      else t.margin("||A~|| <= V_max (1 - p_null)", dbl((V * (1 - pn) - An) / V), bA);
+      if (tight) t.tight_margin("||A~|| <= V_max (1 - p_null)", dbl((R(impl.loosen) * V * (1 - pn) - An) / V), bA);
+      else t.margin("||A~|| <= V_max (1 - p_null)", dbl((R(impl.loosen) * V * (1 - pn) - An) / V), bA);
       if (feasibility) {
         // the threshold as constructed: delta' = V_max (1 - p_null) <= delta (equal when tight)
-        const R d = tight ? V * (1 - pn) : R(delta);
+        const R d = R(impl.loosen) * (tight ? V * (1 - pn) : R(delta));
         if (!(pn >= 1 - d / V * (1 + 1e-9))) t.fail("construction", "p_null below the threshold 1 - delta/V_max");
         if (tight) t.tight_margin("p_null >= 1 - delta/V_max => ||A~|| <= delta", dbl((d - An) / V), bA);
         else t.margin("p_null >= 1 - delta/V_max => ||A~|| <= delta", dbl((d - An) / V), bA);
@@ -134,14 +137,14 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       const double allowB = bh / dbl(B) + kEvalAllowance;
       const double allowU = (bh + b_alpha * norm_of(href)) / dbl(U) + kEvalAllowance;
       if (tight) {
-        t.tight_margin("||h~|| <= B_max (1 - alpha_null)", dbl((B * (1 - an) - hn) / B), allowB);
-        t.tight_margin("||sum alpha_i u_i|| <= U_max (1 - alpha_null)", dbl((U * (1 - an) - hun) / U), allowU);
+        t.tight_margin("||h~|| <= B_max (1 - alpha_null)", dbl((R(impl.loosen) * B * (1 - an) - hn) / B), allowB);
+        t.tight_margin("||sum alpha_i u_i|| <= U_max (1 - alpha_null)", dbl((R(impl.loosen) * U * (1 - an) - hun) / U), allowU);
       } else {
-        t.margin("||h~|| <= B_max (1 - alpha_null)", dbl((B * (1 - an) - hn) / B), allowB);
-        t.margin("||sum alpha_i u_i|| <= U_max (1 - alpha_null)", dbl((U * (1 - an) - hun) / U), allowU);
+        t.margin("||h~|| <= B_max (1 - alpha_null)", dbl((R(impl.loosen) * B * (1 - an) - hn) / B), allowB);
+        t.margin("||sum alpha_i u_i|| <= U_max (1 - alpha_null)", dbl((R(impl.loosen) * U * (1 - an) - hun) / U), allowU);
       }
       if (feasibility) {
-        const R dd = tight ? B * (1 - an) : R(delta);
+        const R dd = R(impl.loosen) * (tight ? B * (1 - an) : R(delta));
         if (!(an >= 1 - dd / B * (1 + 1e-9))) t.fail("construction", "alpha_null below the threshold 1 - delta/B_max");
         if (tight) t.tight_margin("alpha_null >= 1 - delta/B_max => ||h~|| <= delta", dbl((dd - hn) / B), allowB);
         else t.margin("alpha_null >= 1 - delta/B_max => ||h~|| <= delta", dbl((dd - hn) / B), allowB);
@@ -198,6 +201,13 @@ Check make_theorem_5_2() {
                                 [](auto tag, const CheckConfig& cfg, Tally& t) {
                                   using T = typename decltype(tag)::type;
                                   body<T>(depth_null_as_identity<T>(), cfg, t);
+                                }));
+  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "bounds 1.1 V_max (1 - p_null), 1.1 B_max (1 - alpha_null), 1.1 delta: the equality case must expose them",
+                                [](auto tag, const CheckConfig& cfg, Tally& t) {
+                                  using T = typename decltype(tag)::type;
+                                  Impl<T> m{library_attention<T>(), library_route<T>()};
+                                  m.loosen = 1.1;
+                                  body<T>(m, cfg, t);
                                 }));
   return c;
 }

@@ -96,7 +96,7 @@ void check_steps(const Case& k, std::uint64_t seed, double weight_std) {
   const index_t B = 2, Tn = 4;
   const auto steps = om::stepwise_precision(m.t, m.r, tokens(B * Tn, seed, k.cfg.vocab_size), B, Tn);
   EXPECT_EQ(steps.size(), static_cast<std::size_t>(
-      1 + 3 * k.cfg.n_blocks + (k.cfg.attn_res() ? 2 * k.cfg.n_blocks : 0) +
+      1 + 8 * k.cfg.n_blocks + (k.cfg.attn_res() ? 2 * k.cfg.n_blocks : 0) +
       (k.cfg.attn_res() && k.cfg.readout_or_default() == om::Readout::final_attnres ? 1 : 0))) << k.name;
   for (const auto& st : steps) {
     EXPECT_EQ(st.violations, 0) << k.name << " (" << typeid(T).name() << ", std " << weight_std << "): " << st.step
@@ -119,24 +119,22 @@ TEST(ModelPrecision, DoubleStepsWithinDerivedBoundOfMp50) {
     for (double std : {0.02, 0.5}) check_steps<double>(k, seed++, std);
 }
 
-// The check has teeth: a reference whose v projection of block 0 differs by a relative 1e-2 is
-// caught at that step's output, and nowhere else (psi does not depend on v; later steps are
-// re-evaluated on the T model's own inputs). The sublayer-step bounds compose ~5 ops and are loose
-// (docs/model.md), so a relative deviation must exceed about 1e-3 to be caught at this step.
+// The check has teeth: a reference whose v projection of block 0 differs by a relative 1e-4 (as
+// a step that lost 10 bits of float would) is caught at that step ("v"), and nowhere else: every
+// later step is re-evaluated on the T model's own inputs.
 TEST(ModelPrecision, StepwiseCheckDetectsALocalDeviation) {
   const Case k{"kimi_full/oasis", tiny(Variant::oasis, om::RouterFamily::kimi_full, 2)};
   const Models<float> m = models<float>(k, 900, 0.5);
   om::Model<mp50> bad = m.r;
   auto w = bad.param("layers.0.attn.v_proj.weight");
-  for (index_t i = 0; i < w.size(); ++i) w[i] *= mp50(1.01);
+  for (index_t i = 0; i < w.size(); ++i) w[i] *= mp50(1.0001);
   bad.set_param("layers.0.attn.v_proj.weight", w);
   const auto steps = om::stepwise_precision(m.f, bad, tokens(8, 900, k.cfg.vocab_size), 2, 4);
-  ASSERT_GE(steps.size(), 3u);
-  EXPECT_EQ(steps[0].step, "layers.0.attn routed");
-  EXPECT_EQ(steps[0].violations, 0);
-  EXPECT_EQ(steps[1].step, "layers.0.attn output");
-  EXPECT_GT(steps[1].violations, 0) << "worst ratio " << steps[1].worst_ratio;
-  EXPECT_EQ(steps[2].step, "layers.0.attn psi");
-  EXPECT_EQ(steps[2].violations, 0);
-  for (std::size_t i = 3; i < steps.size(); ++i) EXPECT_EQ(steps[i].violations, 0) << steps[i].step;
+  index_t flagged = 0;
+  for (const auto& st : steps) {
+    if (st.step == "layers.0.attn v") EXPECT_GT(st.violations, 0) << "worst ratio " << st.worst_ratio;
+    else EXPECT_EQ(st.violations, 0) << st.step;
+    flagged += st.violations > 0;
+  }
+  EXPECT_EQ(flagged, 1);
 }

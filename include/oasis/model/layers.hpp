@@ -251,9 +251,29 @@ struct AttentionSublayer {
   Tensor<T> p_null, lse;  ///< [B, H, Tn] per head (lse = LSE1 for softmax1, LSE for softmax)
   Tensor<T> psi;          ///< [B, Tn] null statistic of the branch
   std::vector<double> e_psi;  ///< [N] error bounds of psi (error model on)
+  Rows<T> q, k, v;        ///< [N, H dh], [N, Hkv dh], [N, Hkv dh]: projections (q, k after q/k norm and RoPE)
+  Rows<T> heads;          ///< [N, H dh] attention output of every head, before W_o
 };
 
-/// Attn(RMSNorm(h)) with causal token attention over the cache plus the Tn new positions.
+/// q, k, v rows of RMSNorm(h): projections, optional per-head q/k norm, RoPE at positions pos0 + t.
+template <class T>
+void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const AttentionWeights<T>& W,
+                           const ModelConfig& cfg, const ErrorModel& em, Rows<T>& q, Rows<T>& k, Rows<T>& v) {
+  const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim();
+  const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
+  q = linear(xn, *W.wq, em);
+  k = linear(xn, *W.wk, em);
+  v = linear(xn, *W.wv, em);
+  if (cfg.qk_norm) {
+    q = head_rms_norm(q, H, dh, *W.q_norm, cfg.norm_eps, em);
+    k = head_rms_norm(k, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
+  }
+  q = rope(q, H, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
+  k = rope(k, Hkv, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
+}
+
+/// Causal token attention of the q rows over the cache plus the Tn new k, v rows (appended to the
+/// cache); per-head outputs merged to rows [N, H dh] (before W_o), p_null, LSE, psi.
 /// Error rule per (b, h, t), keys j visible:
 ///   dz_j = s (e_q ||k_j||_1 + ||q||_1 e_k(j)) + (gamma_dh + 3u) s sum_c |q_c k_jc|      (s = 1/sqrt(d_h))
 ///   Dz = max_j dz_j; a_j = u (|z_j - M| + 2); rho = 2 max a + (m' + 2) u   (m' = keys + null)
@@ -261,20 +281,9 @@ struct AttentionSublayer {
 ///   e_pnull = p_null (Dz + rho); mass deficit: p_null Dz + (rho + gamma_m)(1 - p_null) + u;
 ///   e_psi = mean_h e_pnull + (H + 1) u psi.
 template <class T>
-AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn, index_t pos0,
-                                        const AttentionWeights<T>& W, const ModelConfig& cfg,
-                                        KVCache<T>& cache, const ErrorModel& em) {
+AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, index_t Tn, const ModelConfig& cfg,
+                                    KVCache<T>& cache, const ErrorModel& em) {
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), N = B * Tn;
-  const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
-  Rows<T> q = linear(xn, *W.wq, em), k = linear(xn, *W.wk, em);
-  const Rows<T> v = linear(xn, *W.wv, em);
-  if (cfg.qk_norm) {
-    q = head_rms_norm(q, H, dh, *W.q_norm, cfg.norm_eps, em);
-    k = head_rms_norm(k, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
-  }
-  q = rope(q, H, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
-  k = rope(k, Hkv, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
-
   cache.k = append_heads(cache.k, k.x, B, Tn, Hkv, dh);
   cache.v = append_heads(cache.v, v.x, B, Tn, Hkv, dh);
   cache.ek = append_errors(cache.ek, k.e, B, Tn);
@@ -354,7 +363,22 @@ AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn,
             psi_err / static_cast<double>(H) + static_cast<double>(H + 1) * em.u * to_double(r.psi(b, t));
       }
   }
-  r.out = linear(merged, *W.wo, em);
+  r.heads = std::move(merged);
+  r.q = std::move(q);
+  r.k = std::move(k);
+  r.v = std::move(v);
+  return r;
+}
+
+/// Attn(RMSNorm(h)) = W_o attention_core(attention_projections(h)).
+template <class T>
+AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn, index_t pos0,
+                                        const AttentionWeights<T>& W, const ModelConfig& cfg,
+                                        KVCache<T>& cache, const ErrorModel& em) {
+  Rows<T> q, k, v;
+  attention_projections(h, Tn, pos0, W, cfg, em, q, k, v);
+  AttentionSublayer<T> r = attention_core(std::move(q), std::move(k), std::move(v), B, Tn, cfg, cache, em);
+  r.out = linear(r.heads, *W.wo, em);
   return r;
 }
 
@@ -367,11 +391,11 @@ struct MlpWeights {
   const Tensor<T>* down;  ///< [d, d_ff]
 };
 
-/// MLP(RMSNorm(h)) = W_down (silu(W_gate x) * (W_up x)).
+/// Hidden rows silu(W_gate x) * (W_up x) of x = RMSNorm(h), [N, d_ff].
 /// Error rule: m = silu(a) b, |silu'| <= 1.1, silu rounding <= 4u (+u product):
 ///   e_m = 1.1 e_a ||b||_inf + ||silu(a)||_inf e_b + 5u max_c |silu(a_c) b_c|, then the linear rule.
 template <class T>
-Rows<T> mlp_sublayer(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em) {
+Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em) {
   const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
   const Rows<T> a = linear(xn, *W.gate, em), b = linear(xn, *W.up, em);
   const index_t N = a.n(), f = a.w();
@@ -389,7 +413,13 @@ Rows<T> mlp_sublayer(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig
       m.e[static_cast<std::size_t>(r)] = 1.1 * a.e[static_cast<std::size_t>(r)] * row_inf(b.x.ptr(r), f) +
                                          smax * b.e[static_cast<std::size_t>(r)] + 5.0 * em.u * prod;
   }
-  return linear(m, *W.down, em);
+  return m;
+}
+
+/// MLP(RMSNorm(h)) = W_down mlp_hidden(h).
+template <class T>
+Rows<T> mlp_sublayer(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em) {
+  return linear(mlp_hidden(h, W, cfg, em), *W.down, em);
 }
 
 /// Element-wise sum of two row sets. Error rule: e = e_a + e_b + u ||a + b||_inf.

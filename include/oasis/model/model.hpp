@@ -104,6 +104,9 @@ struct SublayerTrace {
   Tensor<T> input, output, routed;  ///< [B, T, d]
   Tensor<T> p_null, lse;            ///< [B, H, T] attention sublayers (LSE1 for softmax1)
   Tensor<T> branch_psi;             ///< [B, T] attention sublayers
+  Tensor<T> attn_q, attn_k, attn_v; ///< [B, T, H d_h], [B, T, H_kv d_h] x 2: projections (q, k after q/k norm, RoPE)
+  Tensor<T> attn_heads;             ///< [B, T, H d_h] per-head attention outputs before W_o
+  Tensor<T> mlp_hidden;             ///< [B, T, d_ff] silu(W_gate x) * (W_up x)
 };
 
 struct ForwardOptions {
@@ -288,7 +291,11 @@ void record_route(SublayerTrace<T>& tr, const RouteResult<T>& r, index_t B, inde
 }
 
 template <class T>
-void record_attention(SublayerTrace<T>& tr, const AttentionSublayer<T>& a, RowNorm norm) {
+void record_attention(SublayerTrace<T>& tr, const AttentionSublayer<T>& a, RowNorm norm, index_t B, index_t Tn) {
+  tr.attn_q = to_btd(a.q.x, B, Tn);
+  tr.attn_k = to_btd(a.k.x, B, Tn);
+  tr.attn_v = to_btd(a.v.x, B, Tn);
+  tr.attn_heads = to_btd(a.heads.x, B, Tn);
   tr.token_normalizer = norm;
   tr.p_null = a.p_null;
   tr.lse = a.lse;
@@ -314,6 +321,13 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   auto attention = [&](const Rows<T>& h, index_t b) {
     return attention_sublayer(h, B, Tn, pos0, attn_weights(b), cfg_, st.kv[static_cast<std::size_t>(b)], em);
   };
+  // MLP sublayer; its hidden rows go to the trace.
+  auto mlp = [&](const Rows<T>& h, index_t b, Tensor<T>* hidden) {
+    const MlpWeights<T> W = mlp_weights(b);
+    const Rows<T> hid = mlp_hidden(h, W, cfg_, em);
+    if (hidden) *hidden = detail::to_btd(hid.x, B, Tn);
+    return linear(hid, *W.down, em);
+  };
   auto trace_io = [&](SublayerTrace<T>& tr, const Rows<T>& in, const Rows<T>& out) {
     tr.input = detail::to_btd(in.x, B, Tn);
     tr.output = detail::to_btd(out.x, B, Tn);
@@ -329,16 +343,18 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = L0 + ".attn";
-        detail::record_attention(tr, a, cfg_.token_norm());
+        detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
         trace_io(tr, x, a.out);
         res.trace.push_back(std::move(tr));
       }
       x = add_rows(x, a.out, em);
-      const Rows<T> m = mlp_sublayer(x, mlp_weights(b), cfg_, em);
+      Tensor<T> hidden;
+      const Rows<T> m = mlp(x, b, opt.trace ? &hidden : nullptr);
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = L0 + ".mlp";
         tr.kind = SublayerKind::mlp;
+        tr.mlp_hidden = std::move(hidden);
         trace_io(tr, x, m);
         res.trace.push_back(std::move(tr));
       }
@@ -364,13 +380,14 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = L0 + ".attn";
-        detail::record_attention(tr, a, cfg_.token_norm());
+        detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
         detail::record_route(tr, r1, B, Tn);
         trace_io(tr, x, a.out);
         tr.routed = detail::to_btd(r1.h.x, B, Tn);
         res.trace.push_back(std::move(tr));
       }
-      const Rows<T> m = mlp_sublayer(r1.h, mlp_weights(b), cfg_, em);
+      Tensor<T> hidden;
+      const Rows<T> m = mlp(r1.h, b, opt.trace ? &hidden : nullptr);
       // The MLP candidate has no heads: it carries the attention psi of its block (inherit) or
       // no evidence, per the head-less rule.
       const DepthSource<T> c_mlp{add_rows(r1.h, m, em), SourceKind::headless, detail::flat_psi(a.psi), a.e_psi,
@@ -384,6 +401,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         tr.name = L0 + ".mlp";
         tr.kind = SublayerKind::mlp;
         detail::record_route(tr, r2, B, Tn);
+        tr.mlp_hidden = std::move(hidden);
         trace_io(tr, r1.h, m);
         tr.routed = detail::to_btd(r2.h.x, B, Tn);
         res.trace.push_back(std::move(tr));
@@ -419,9 +437,9 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         out = a.out;
         last_psi = detail::flat_psi(a.psi);
         last_e_psi = a.e_psi;
-        if (opt.trace) detail::record_attention(tr, a, cfg_.token_norm());
+        if (opt.trace) detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
       } else {
-        out = mlp_sublayer(r.h, mlp_weights(b), cfg_, em);
+        out = mlp(r.h, b, opt.trace ? &tr.mlp_hidden : nullptr);
       }
       if (opt.trace) {
         tr.name = L0 + (is_attn ? ".attn" : ".mlp");

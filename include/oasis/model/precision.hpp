@@ -1,7 +1,9 @@
 // oasis/model/precision.hpp — the stepwise precision check of a model against a high-precision
 // model with the same weights (docs/model.md, "Forward error bound").
 //
-// Every step of the T model — each depth router, each sublayer, the head — is re-evaluated in the
+// Every step of the T model — each depth router; each attention sublayer as projections (q, k, v),
+// attention core (heads, psi) and output projection; each MLP as hidden rows and output
+// projection; the head — is re-evaluated in the
 // reference scalar R on the T model's own inputs of that step (exact in R), with the error model
 // of T's unit roundoff and zero input error. The step passes when every element satisfies
 //   |got - ref| <= slack * bound(row),   slack = 1.02 (first-order bounds, second-order margin).
@@ -88,13 +90,28 @@ std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>&
       out.push_back(detail::compare_rows(tr.name + " routed", tr.routed, ref.h.x, ref.h.e, d, slack));
     }
     if (tr.kind == SublayerKind::attention) {
+      // three steps: projections (norm, q/k/v, q/k norm, RoPE), attention core, output projection
+      const AttentionWeights<R> W = reference.attn_weights(b);
+      const index_t wq = tr.attn_q.dim(2), wkv = tr.attn_k.dim(2);
+      Rows<R> q, k, v;
+      attention_projections(detail::exact_rows<T, R>(tr.input.data(), N, d), Tn, 0, W, c, em, q, k, v);
+      out.push_back(detail::compare_rows(tr.name + " q", tr.attn_q, q.x, q.e, wq, slack));
+      out.push_back(detail::compare_rows(tr.name + " k", tr.attn_k, k.x, k.e, wkv, slack));
+      out.push_back(detail::compare_rows(tr.name + " v", tr.attn_v, v.x, v.e, wkv, slack));
       KVCache<R> cache;
-      const AttentionSublayer<R> a = attention_sublayer(detail::exact_rows<T, R>(tr.input.data(), N, d), B, Tn, 0,
-                                                        reference.attn_weights(b), c, cache, em);
-      out.push_back(detail::compare_rows(tr.name + " output", tr.output, a.out.x, a.out.e, d, slack));
+      const AttentionSublayer<R> a =
+          attention_core(detail::exact_rows<T, R>(tr.attn_q.data(), N, wq), detail::exact_rows<T, R>(tr.attn_k.data(), N, wkv),
+                         detail::exact_rows<T, R>(tr.attn_v.data(), N, wkv), B, Tn, c, cache, em);
+      out.push_back(detail::compare_rows(tr.name + " heads", tr.attn_heads, a.heads.x, a.heads.e, wq, slack));
       out.push_back(detail::compare_rows(tr.name + " psi", tr.branch_psi, a.psi, a.e_psi, 1, slack));
+      const Rows<R> o = linear(detail::exact_rows<T, R>(tr.attn_heads.data(), N, wq), *W.wo, em);
+      out.push_back(detail::compare_rows(tr.name + " output", tr.output, o.x, o.e, d, slack));
     } else if (tr.kind == SublayerKind::mlp) {
-      const Rows<R> f = mlp_sublayer(detail::exact_rows<T, R>(tr.input.data(), N, d), reference.mlp_weights(b), c, em);
+      // two steps: hidden silu(W_gate x) * (W_up x) of x = RMSNorm(h), output projection
+      const MlpWeights<R> W = reference.mlp_weights(b);
+      const Rows<R> hid = mlp_hidden(detail::exact_rows<T, R>(tr.input.data(), N, d), W, c, em);
+      out.push_back(detail::compare_rows(tr.name + " hidden", tr.mlp_hidden, hid.x, hid.e, c.d_ff, slack));
+      const Rows<R> f = linear(detail::exact_rows<T, R>(tr.mlp_hidden.data(), N, c.d_ff), *W.down, em);
       out.push_back(detail::compare_rows(tr.name + " output", tr.output, f.x, f.e, d, slack));
     }
   }

@@ -27,15 +27,15 @@ def rows(data):
         rate_keys = [k for k in ("GFLOP/s", "TFLOP/s", "GB/s") if k in b] + \
             [k for k in b if k.endswith("/s") and k not in ("GFLOP/s", "TFLOP/s", "GB/s") and not k.endswith("_cpu")]
         if rate_keys:
-            thr = f"{b[rate_keys[0]]:.2f} {rate_keys[0]}"
+            thr = f"{b[rate_keys[0]]:.4g} {rate_keys[0]}"
         elif "items_per_second" in b:
-            thr = f"{b['items_per_second'] / 1e6:.2f} M items/s"
+            thr = f"{b['items_per_second'] / 1e6:.4g} M items/s"
         else:
             rate_keys = []
         if "ratio_gemm" in b:
-            ratio = f"{b['ratio_gemm']:.3f} of GEMM"
+            ratio = f"{b['ratio_gemm']:.3g} of GEMM"
         elif "ratio_triad" in b:
-            ratio = f"{b['ratio_triad']:.3f} of triad"
+            ratio = f"{b['ratio_triad']:.3g} of triad"
         extra = [f"{k}={v:.4g}" for k, v in b.items()
                  if isinstance(v, (int, float)) and k not in rate_keys[:1] and k not in
                  ("real_time", "cpu_time", "iterations", "ratio_gemm", "ratio_triad",
@@ -127,7 +127,7 @@ def main():
            table(rows(cpu)), ""]
     if single:
         sctx = single.get("context", {})
-        md += ["## CPU, 1 thread: ratios from process CPU time (robust to the shared machine's load)", "",
+        md += ["## CPU, 1 thread: ratios from process CPU time (less sensitive to the shared machine's load)", "",
                f"Load average at start {sctx.get('load_avg')}. The `*_cpu` counters (notes column) divide the "
                "work by the process CPU time of the timing loop; with one thread that is the time the loop "
                "really ran, so `ratio_*_cpu` is less sensitive to other processes than a wall-time ratio. It is not "

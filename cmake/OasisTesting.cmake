@@ -19,13 +19,14 @@ function(oasis_add_gtest)
   gtest_discover_tests(${A_NAME}
     DISCOVERY_TIMEOUT 120
     TEST_LIST ${A_NAME}_TESTS
-    PROPERTIES TIMEOUT ${A_TIMEOUT}
-    ENVIRONMENT "RC_PARAMS=seed=20261129 max_success=100")
-  # Labels are set after discovery: a list passed through PROPERTIES is split into separate
+    PROPERTIES TIMEOUT ${A_TIMEOUT})
+  # Labels and environment are set after discovery: a list passed through PROPERTIES is split into separate
   # arguments by GoogleTest.cmake (only the first label would survive). The discovery script
   # defines ${A_NAME}_TESTS; this include file runs after it and labels every discovered test.
+  # Environment: a fixed rapidcheck seed (reproducible properties) and passive OpenMP waiting
+  # (ctest -j runs several OpenMP programs on few cores; spinning workers would starve them).
   set(_script ${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_labels.cmake)
   file(WRITE ${_script}
-       "if(DEFINED ${A_NAME}_TESTS)\n  set_tests_properties(\${${A_NAME}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\nendif()\n")
+       "if(DEFINED ${A_NAME}_TESTS)\n  set_tests_properties(\${${A_NAME}_TESTS} PROPERTIES LABELS \"${A_LABELS}\"\n    ENVIRONMENT \"RC_PARAMS=seed=20261129 max_success=100;OMP_WAIT_POLICY=passive\")\nendif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_script})
 endfunction()

@@ -12,7 +12,7 @@
 //   metrics.hpp     kurtosis, max |x|, BOS mass, entropy, null mass, sink rate (SPEC §6)
 //   quant.hpp       fake quantisation (W8A8 / W6A6 / W4A4 presets)
 // Separate includes: oasis/model/model.hpp (the AttnRes transformer), oasis/io/*.hpp (npy,
-// safetensors), oasis/pathology.hpp (Definition 5.1/5.2 scores).
+// safetensors), and, included here, oasis/pathology.hpp (Definition 5.1/5.2 scores).
 #pragma once
 
 #include "oasis/attention.hpp"
@@ -26,6 +26,7 @@
 #include "oasis/metrics.hpp"
 #include "oasis/multiprecision.hpp"
 #include "oasis/normalizer.hpp"
+#include "oasis/pathology.hpp"
 #include "oasis/quant.hpp"
 #include "oasis/scalar.hpp"
 #include "oasis/tensor.hpp"

@@ -90,6 +90,15 @@ struct ModelConfig {
   index_t authors_rank = 0;          ///< authors' q/k width; 0: max(d_model / 4, 64)
   bool tie_embeddings = false;       ///< LM head shares embed_tokens.weight
 
+  // --- attention baselines inside the model (issue 8; oasis/baselines.hpp, docs/model.md) -------
+  /// Gated attention: each head's context times sigmoid(<RMSNorm(h)_t, w_h> + c_h) before W_o
+  /// (oasis::head_gates; parameters layers.{b}.attn.head_gate.weight [H, d], .bias [H]).
+  bool gated_attention = false;
+  /// S2 prefix sink: a learned key and value per kv head prepended at key position 0, visible to
+  /// every query, not rotated by RoPE (oasis::prefix_sink_attention; parameters
+  /// layers.{b}.attn.sink_key / sink_value [H_kv, d_h]).
+  bool prefix_sink = false;
+
   // --- initialisation ------------------------------------------------------------------------------
   double init_std = 0.02;            ///< linear and embedding weights ~ N(0, init_std^2)
   double theta_init = -5.0;          ///< beta = softplus(theta) ≈ 0.0067153 at init

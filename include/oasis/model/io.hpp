@@ -57,6 +57,8 @@ inline std::map<std::string, std::string> config_metadata(const ModelConfig& c) 
   m["oasis.key_norm_gain"] = c.key_norm_gain ? "1" : "0";
   m["oasis.authors_rank"] = std::to_string(c.authors_rank);
   m["oasis.tie_embeddings"] = c.tie_embeddings ? "1" : "0";
+  m["oasis.gated_attention"] = c.gated_attention ? "1" : "0";
+  m["oasis.prefix_sink"] = c.prefix_sink ? "1" : "0";
   m["oasis.init_std"] = num(c.init_std);
   m["oasis.theta_init"] = num(c.theta_init);
   return m;
@@ -121,6 +123,9 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   c.key_norm_gain = flag("key_norm_gain");
   c.authors_rank = integer("authors_rank");
   c.tie_embeddings = flag("tie_embeddings");
+  // Added with issue 8: files written before carry neither key and have both options off.
+  if (m.count("oasis.gated_attention")) c.gated_attention = flag("gated_attention");
+  if (m.count("oasis.prefix_sink")) c.prefix_sink = flag("prefix_sink");
   c.init_std = real("init_std");
   c.theta_init = real("theta_init");
   c.validate();

@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "oasis/attention.hpp"
+#include "oasis/baselines.hpp"
 #include "oasis/coupling.hpp"
 #include "oasis/depth.hpp"
 #include "oasis/model/config.hpp"
+#include "oasis/quant.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis::model {
@@ -119,6 +121,22 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
   }
   return out;
 }
+
+/// linear() with optional fake weight-activation quantisation (oasis/quant.hpp):
+/// y = linear(Q_A(x), Q_W(W)), dynamic min-max ranges over the rows of this call. quant null:
+/// exactly linear(in, W, em). No error bound is derived for the quantised form (em must be off).
+template <class T>
+Rows<T> qlinear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em, const WAQuantConfig* quant) {
+  if (!quant) return linear(in, W, em);
+  OASIS_REQUIRE(!em.on(), "error_u", "no forward error bound is derived for fake-quantised linear layers");
+  return linear(Rows<T>{fake_quantize(in.x, quant->activations), {}}, fake_quantize(W, quant->weights), em);
+}
+
+/// Per-call options of the sublayers beyond the error model (defaults: the plain model).
+struct SublayerOptions {
+  const WAQuantConfig* quant = nullptr;  ///< fake quantisation of the linear layers (qlinear)
+  bool keep_probs = false;               ///< keep the attention probabilities (AttentionSublayer::probs)
+};
 
 /// Partner index of channel c in a head of width dh, and whether c is the first of its pair.
 inline index_t rope_pair(RopeLayout layout, index_t c, index_t dh, bool& first, index_t& freq_index) {
@@ -242,6 +260,10 @@ struct AttentionWeights {
   const Tensor<T>* wo;      ///< [d, H dh]
   const Tensor<T>* q_norm;  ///< [dh] or null
   const Tensor<T>* k_norm;  ///< [dh] or null
+  const Tensor<T>* gate_w = nullptr;  ///< [H, d] gated attention (head_gates), or null
+  const Tensor<T>* gate_b = nullptr;  ///< [H] gate bias, or null
+  const Tensor<T>* sink_k = nullptr;  ///< [Hkv, dh] S2 prefix sink key, or null
+  const Tensor<T>* sink_v = nullptr;  ///< [Hkv, dh] S2 prefix sink value, or null
 };
 
 /// Result of one attention sublayer.
@@ -252,24 +274,35 @@ struct AttentionSublayer {
   Tensor<T> psi;          ///< [B, Tn] null statistic of the branch
   std::vector<double> e_psi;  ///< [N] error bounds of psi (error model on)
   Rows<T> q, k, v;        ///< [N, H dh], [N, Hkv dh], [N, Hkv dh]: projections (q, k after q/k norm and RoPE)
-  Rows<T> heads;          ///< [N, H dh] attention output of every head, before W_o
+  Rows<T> heads;          ///< [N, H dh] attention output of every head, before W_o (gated when gating is on)
+  Tensor<T> probs;        ///< [B, H, Tn, T_keys] (SublayerOptions::keep_probs; sink: column 0)
+  Tensor<T> gates;        ///< [B, H, Tn] gated attention
+  Tensor<T> p_sink;       ///< [B, H, Tn] prefix sink
 };
 
 /// q, k, v rows of RMSNorm(h): projections, optional per-head q/k norm, RoPE at positions pos0 + t.
+/// quant: the projections run through qlinear; xn (if not null) receives RMSNorm(h).
 template <class T>
 void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const AttentionWeights<T>& W,
-                           const ModelConfig& cfg, const ErrorModel& em, Rows<T>& q, Rows<T>& k, Rows<T>& v) {
+                           const ModelConfig& cfg, const ErrorModel& em, Rows<T>& q, Rows<T>& k, Rows<T>& v,
+                           const WAQuantConfig* quant, Rows<T>* xn_out) {
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim();
   const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
-  q = linear(xn, *W.wq, em);
-  k = linear(xn, *W.wk, em);
-  v = linear(xn, *W.wv, em);
+  q = qlinear(xn, *W.wq, em, quant);
+  k = qlinear(xn, *W.wk, em, quant);
+  v = qlinear(xn, *W.wv, em, quant);
+  if (xn_out) *xn_out = xn;
   if (cfg.qk_norm) {
     q = head_rms_norm(q, H, dh, *W.q_norm, cfg.norm_eps, em);
     k = head_rms_norm(k, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
   }
   q = rope(q, H, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
   k = rope(k, Hkv, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
+}
+template <class T>
+void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const AttentionWeights<T>& W,
+                           const ModelConfig& cfg, const ErrorModel& em, Rows<T>& q, Rows<T>& k, Rows<T>& v) {
+  attention_projections(h, Tn, pos0, W, cfg, em, q, k, v, nullptr, static_cast<Rows<T>*>(nullptr));
 }
 
 /// Causal token attention of the q rows over the cache plus the Tn new k, v rows (appended to the
@@ -280,9 +313,12 @@ void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const Att
 ///   e_A = sum_j p_j e_v(j) + (2 Dz + rho + gamma_m) sum_j p_j ||v_j||_inf
 ///   e_pnull = p_null (Dz + rho); mass deficit: p_null Dz + (rho + gamma_m)(1 - p_null) + u;
 ///   e_psi = mean_h e_pnull + (H + 1) u psi.
+/// With sink_k/sink_v (S2) the attention is oasis::prefix_sink_attention over [sink; cache; new]
+/// (the error model must be off); keep_probs keeps the probabilities.
 template <class T>
 AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, index_t Tn, const ModelConfig& cfg,
-                                    KVCache<T>& cache, const ErrorModel& em) {
+                                    KVCache<T>& cache, const ErrorModel& em, const Tensor<T>* sink_k,
+                                    const Tensor<T>* sink_v, bool keep_probs) {
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), N = B * Tn;
   cache.k = append_heads(cache.k, k.x, B, Tn, Hkv, dh);
   cache.v = append_heads(cache.v, v.x, B, Tn, Hkv, dh);
@@ -298,10 +334,20 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
   AttentionOptions opt;
   opt.normalizer = cfg.token_norm();
   opt.causal = true;
-  opt.return_probs = cfg.psi_estimator == PsiEstimator::mass_deficit || em.on();
-  const AttentionResult<T> att = token_attention(qh, cache.k, cache.v, opt);
-
+  opt.return_probs = cfg.psi_estimator == PsiEstimator::mass_deficit || em.on() || keep_probs;
+  OASIS_REQUIRE((sink_k == nullptr) == (sink_v == nullptr), "sink_v", "the prefix sink needs both key and value");
+  OASIS_REQUIRE(!sink_k || !em.on(), "error_u", "no forward error bound is derived for the prefix sink");
   AttentionSublayer<T> r;
+  AttentionResult<T> att;
+  if (sink_k) {
+    PrefixSinkResult<T> ps = prefix_sink_attention(qh, cache.k, cache.v, *sink_k, *sink_v, opt);
+    att = std::move(ps.attn);
+    r.p_sink = std::move(ps.p_sink);
+  } else {
+    att = token_attention(qh, cache.k, cache.v, opt);
+  }
+  if (keep_probs) r.probs = att.probs;
+
   r.p_null = att.p_null;
   r.lse = att.lse;
   r.psi = cfg.psi_estimator == PsiEstimator::mass_deficit ? null_statistic_from_mass(att.probs)
@@ -370,16 +416,48 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
   return r;
 }
 
-/// Attn(RMSNorm(h)) = W_o attention_core(attention_projections(h)).
+template <class T>
+AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, index_t Tn, const ModelConfig& cfg,
+                                    KVCache<T>& cache, const ErrorModel& em) {
+  return attention_core(std::move(q), std::move(k), std::move(v), B, Tn, cfg, cache, em, static_cast<const Tensor<T>*>(nullptr),
+                        static_cast<const Tensor<T>*>(nullptr), false);
+}
+
+/// Attn(RMSNorm(h)) = W_o attention_core(attention_projections(h)); with W.gate_w, each head's
+/// context is multiplied by its gate oasis::head_gates(RMSNorm(h), w, c) before W_o (under
+/// quantisation the gate is a linear layer too: head_gates(Q_A(xn), Q_W(w), c)); with W.sink_k
+/// the attention has the S2 prefix sink.
+template <class T>
+AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn, index_t pos0,
+                                        const AttentionWeights<T>& W, const ModelConfig& cfg,
+                                        KVCache<T>& cache, const ErrorModel& em, const SublayerOptions& so) {
+  Rows<T> q, k, v, xn;
+  attention_projections(h, Tn, pos0, W, cfg, em, q, k, v, so.quant, W.gate_w ? &xn : nullptr);
+  AttentionSublayer<T> r = attention_core(std::move(q), std::move(k), std::move(v), B, Tn, cfg, cache, em, W.sink_k,
+                                          W.sink_v, so.keep_probs);
+  if (W.gate_w) {
+    OASIS_REQUIRE(!em.on(), "error_u", "no forward error bound is derived for gated attention");
+    const index_t H = cfg.n_heads, dh = cfg.head_dim();
+    const Tensor<T> x = so.quant ? fake_quantize(xn.x, so.quant->activations) : xn.x;
+    const Tensor<T> w = so.quant ? fake_quantize(*W.gate_w, so.quant->weights) : *W.gate_w;
+    r.gates = head_gates(x.reshaped({B, Tn, xn.w()}), w, W.gate_b ? *W.gate_b : Tensor<T>());
+    // out_{b,h,t} = G_{b,h,t} A_{b,h,t} (one product per entry, as oasis::gated_attention).
+    for (index_t b = 0; b < B; ++b)
+      for (index_t hh = 0; hh < H; ++hh)
+        for (index_t t = 0; t < Tn; ++t) {
+          T* o = r.heads.x.ptr(b * Tn + t) + hh * dh;
+          const T g = r.gates(b, hh, t);
+          for (index_t c = 0; c < dh; ++c) o[c] *= g;
+        }
+  }
+  r.out = qlinear(r.heads, *W.wo, em, so.quant);
+  return r;
+}
 template <class T>
 AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn, index_t pos0,
                                         const AttentionWeights<T>& W, const ModelConfig& cfg,
                                         KVCache<T>& cache, const ErrorModel& em) {
-  Rows<T> q, k, v;
-  attention_projections(h, Tn, pos0, W, cfg, em, q, k, v);
-  AttentionSublayer<T> r = attention_core(std::move(q), std::move(k), std::move(v), B, Tn, cfg, cache, em);
-  r.out = linear(r.heads, *W.wo, em);
-  return r;
+  return attention_sublayer(h, B, Tn, pos0, W, cfg, cache, em, SublayerOptions{});
 }
 
 /// Weights of one SwiGLU MLP sublayer.
@@ -394,10 +472,12 @@ struct MlpWeights {
 /// Hidden rows silu(W_gate x) * (W_up x) of x = RMSNorm(h), [N, d_ff].
 /// Error rule: m = silu(a) b, |silu'| <= 1.1, silu rounding <= 4u (+u product):
 ///   e_m = 1.1 e_a ||b||_inf + ||silu(a)||_inf e_b + 5u max_c |silu(a_c) b_c|, then the linear rule.
+/// quant: the gate and up projections run through qlinear.
 template <class T>
-Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em) {
+Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em,
+                   const WAQuantConfig* quant) {
   const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
-  const Rows<T> a = linear(xn, *W.gate, em), b = linear(xn, *W.up, em);
+  const Rows<T> a = qlinear(xn, *W.gate, em, quant), b = qlinear(xn, *W.up, em, quant);
   const index_t N = a.n(), f = a.w();
   Rows<T> m{Tensor<T>({N, f}), {}};
   if (em.on()) m.e.resize(static_cast<std::size_t>(N));
@@ -414,6 +494,10 @@ Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& 
                                          smax * b.e[static_cast<std::size_t>(r)] + 5.0 * em.u * prod;
   }
   return m;
+}
+template <class T>
+Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em) {
+  return mlp_hidden(h, W, cfg, em, nullptr);
 }
 
 /// MLP(RMSNorm(h)) = W_down mlp_hidden(h).

@@ -78,6 +78,19 @@ inline std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg) {
   if (res && cfg.readout_or_default() == Readout::final_attnres) router("final_res");
   s.push_back({"norm.weight", {d}, Init::ones});
   if (!cfg.tie_embeddings) s.push_back({"lm_head.weight", {cfg.vocab_size, d}, Init::normal});
+  // Baseline parameters come last, so that switching them on leaves the initialisation of every
+  // other parameter (same seed) unchanged.
+  for (index_t b = 0; b < cfg.n_blocks; ++b) {
+    const std::string L = "layers." + std::to_string(b);
+    if (cfg.gated_attention) {
+      s.push_back({L + ".attn.head_gate.weight", {H, d}, Init::normal});
+      s.push_back({L + ".attn.head_gate.bias", {H}, Init::zeros});  // gates start near sigmoid(0) = 1/2
+    }
+    if (cfg.prefix_sink) {
+      s.push_back({L + ".attn.sink_key", {Hkv, dh}, Init::normal});
+      s.push_back({L + ".attn.sink_value", {Hkv, dh}, Init::normal});
+    }
+  }
   return s;
 }
 
@@ -107,12 +120,24 @@ struct SublayerTrace {
   Tensor<T> attn_q, attn_k, attn_v; ///< [B, T, H d_h], [B, T, H_kv d_h] x 2: projections (q, k after q/k norm, RoPE)
   Tensor<T> attn_heads;             ///< [B, T, H d_h] per-head attention outputs before W_o
   Tensor<T> mlp_hidden;             ///< [B, T, d_ff] silu(W_gate x) * (W_up x)
+  /// Attention probabilities [B, H, T, T_keys] (ForwardOptions::trace_probs; with the prefix sink
+  /// T_keys = cache + T + 1 and column 0 is the sink).
+  Tensor<T> attn_probs;
+  Tensor<T> attn_gates;             ///< [B, H, T] gated attention: the gates (attn_heads is gated)
+  Tensor<T> p_sink;                 ///< [B, H, T] prefix sink: probability of the sink key
 };
 
 struct ForwardOptions {
   bool trace = false;   ///< fill ForwardResult::trace
   /// Unit roundoff of the precision whose forward error is bounded (0: off); see docs/model.md.
   double error_u = 0;
+  /// Fake weight-activation quantisation (oasis/quant.hpp; null: off, bit-identical to no hook).
+  /// Every linear layer of the blocks (q, k, v, o, gate, up, down and the attention head gate)
+  /// runs as linear(Q_A(x), Q_W(W)) with dynamic min-max ranges over the call's rows; the
+  /// embedding, LM head, norms, routers and sink parameters stay in full precision. The pointee
+  /// must outlive the call. Not combinable with error_u.
+  const WAQuantConfig* quant = nullptr;
+  bool trace_probs = false;  ///< with trace: keep the attention probabilities (SublayerTrace::attn_probs)
 };
 
 template <class T>
@@ -252,7 +277,11 @@ class Model {
     return {&param(L + ".attn_norm.weight"), &param(L + ".attn.q_proj.weight"), &param(L + ".attn.k_proj.weight"),
             &param(L + ".attn.v_proj.weight"), &param(L + ".attn.o_proj.weight"),
             cfg_.qk_norm ? &param(L + ".attn.q_norm.weight") : nullptr,
-            cfg_.qk_norm ? &param(L + ".attn.k_norm.weight") : nullptr};
+            cfg_.qk_norm ? &param(L + ".attn.k_norm.weight") : nullptr,
+            cfg_.gated_attention ? &param(L + ".attn.head_gate.weight") : nullptr,
+            cfg_.gated_attention ? &param(L + ".attn.head_gate.bias") : nullptr,
+            cfg_.prefix_sink ? &param(L + ".attn.sink_key") : nullptr,
+            cfg_.prefix_sink ? &param(L + ".attn.sink_value") : nullptr};
   }
   /// Weights of the MLP sublayer of block b.
   MlpWeights<T> mlp_weights(index_t b) const {
@@ -300,6 +329,9 @@ void record_attention(SublayerTrace<T>& tr, const AttentionSublayer<T>& a, RowNo
   tr.p_null = a.p_null;
   tr.lse = a.lse;
   tr.branch_psi = a.psi;
+  tr.attn_probs = a.probs;
+  tr.attn_gates = a.gates;
+  tr.p_sink = a.p_sink;
 }
 
 /// Psi of a sublayer as a depth source [N] from the branch psi [B, T].
@@ -314,19 +346,22 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   OASIS_REQUIRE(x0.n() == B * Tn && x0.w() == cfg_.d_model, "x", "rows ", shape_str(x0.x.shape()),
                 " are not [B * T, d] = [", B * Tn, ", ", cfg_.d_model, "]");
   OASIS_REQUIRE(opt.error_u >= 0 && opt.error_u < 1e-2, "error_u", "unit roundoff must lie in [0, 1e-2), got ", opt.error_u);
+  OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && !cfg_.gated_attention && !cfg_.prefix_sink), "error_u",
+                "no forward error bound is derived with fake quantisation, gated attention or the prefix sink");
   const ErrorModel em{opt.error_u};
+  const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs};
   const index_t N = B * Tn, L = cfg_.n_sublayers(), pos0 = st.length;
   if (em.on()) x0.e.assign(static_cast<std::size_t>(N), 0.0);  // inputs exact in the bounded precision
   ForwardResult<T> res;
   auto attention = [&](const Rows<T>& h, index_t b) {
-    return attention_sublayer(h, B, Tn, pos0, attn_weights(b), cfg_, st.kv[static_cast<std::size_t>(b)], em);
+    return attention_sublayer(h, B, Tn, pos0, attn_weights(b), cfg_, st.kv[static_cast<std::size_t>(b)], em, so);
   };
   // MLP sublayer; its hidden rows go to the trace.
   auto mlp = [&](const Rows<T>& h, index_t b, Tensor<T>* hidden) {
     const MlpWeights<T> W = mlp_weights(b);
-    const Rows<T> hid = mlp_hidden(h, W, cfg_, em);
+    const Rows<T> hid = mlp_hidden(h, W, cfg_, em, opt.quant);
     if (hidden) *hidden = detail::to_btd(hid.x, B, Tn);
-    return linear(hid, *W.down, em);
+    return qlinear(hid, *W.down, em, opt.quant);
   };
   auto trace_io = [&](SublayerTrace<T>& tr, const Rows<T>& in, const Rows<T>& out) {
     tr.input = detail::to_btd(in.x, B, Tn);

@@ -2,6 +2,8 @@
 //  1. the SPEC §3 teaching example (OASIS vs AoS depth weights), double vs 50-digit reference;
 //  2. a routing trace over a few random layers: token Softmax1 attention per layer gives p_null,
 //     psi feeds the coupled depth router of the next layer (paper_v2 and authors_code centring).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -49,7 +51,7 @@ void routing_trace(Centring centring) {
   DepthOptions dopt = depth_options(Variant::oasis);
   dopt.coupling_options = centring == Centring::paper_v2 ? CouplingOptions::paper_v2() : CouplingOptions::authors_code();
   dopt.beta = 2.0;  // a trained-looking coupling strength, so that the effect is visible
-  std::printf("%5s %5s %-34s %10s %10s %10s\n", "layer", "token", "alpha (initial, 1, 2, ...)", "alpha_null", "psi_new", "mean p_null");
+  std::printf("%5s %5s %-34s %10s %10s %10s\n", "layer", "token", "alpha (initial, 1, 2, ...)", "alpha_null", "psi_new", "max|Dpsi|");
   for (index_t l = 1; l <= L; ++l) {
     const index_t n = static_cast<index_t>(sources.size());
     Tensor<double> S({n, T, d}), g({n, T}), psi({n, T});
@@ -78,10 +80,10 @@ void routing_trace(Centring centring) {
       std::string al;
       char buf[32];
       for (index_t i = 0; i < n; ++i) { std::snprintf(buf, sizeof buf, "%s%.3f", i ? " " : "", r.alpha(i, t)); al += buf; }
-      double mean_pn = 0;
-      for (index_t h = 0; h < H; ++h) mean_pn += a.p_null(0, h, t) / double(H);
+      double max_dpsi = 0;  // how far the coupling moved the candidates of this token
+      for (index_t i = 0; i < n; ++i) max_dpsi = std::max(max_dpsi, std::abs(r.dpsi(i, t)));
       std::printf("%5lld %5lld %-34s %10.4f %10.4f %10.4f\n", static_cast<long long>(l), static_cast<long long>(t),
-                  al.c_str(), r.alpha_null[t], psi_new(0, t), mean_pn);
+                  al.c_str(), r.alpha_null[t], psi_new(0, t), max_dpsi);
     }
     sources.push_back(out);
     kinds.push_back(SourceKind::attention);

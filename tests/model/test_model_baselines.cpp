@@ -1,8 +1,9 @@
 // Model family: the baselines of issue 8 inside the model — fake weight-activation quantisation
 // (ForwardOptions::quant), gated attention and the S2 prefix sink (ModelConfig options).
 //   * hook off: every traced sublayer equals the public layer functions without options bitwise;
-//   * hook on: every traced MLP sublayer equals the composition of oasis::fake_quant_linear
-//     (the quant.hpp reference) bitwise, and the logit error grows as the bit width shrinks;
+//   * hook on: every traced MLP and (gated) attention sublayer equals the composition of
+//     oasis::fake_quant_linear (the quant.hpp reference) with the reference attention functions
+//     bitwise, and the logit error grows as the bit width shrinks;
 //   * gated / sink: every traced attention sublayer equals oasis::gated_attention /
 //     oasis::prefix_sink_attention applied to the traced q, k, v bitwise;
 //   * the new parameters are off by default, save/load stays bit-exact, errors are named.
@@ -136,6 +137,48 @@ TEST(ModelBaselines, QuantisedMlpEqualsFakeQuantLinearCompositionBitwise) {
       }
       const Tensor<double> out = oasis::fake_quant_linear(hid, m.param(L + ".mlp.down_proj.weight"), qc);
       EXPECT_TRUE(exactly_equal(tr.name + " hidden", hid.reshaped(tr.mlp_hidden.shape()), tr.mlp_hidden));
+      EXPECT_TRUE(exactly_equal(tr.name + " output", out.reshaped(tr.output.shape()), tr.output));
+    }
+    EXPECT_EQ(blk, cfg.n_blocks);
+  }
+}
+
+TEST(ModelBaselines, QuantisedGatedAttentionEqualsFakeQuantLinearCompositionBitwise) {
+  for (om::ModelConfig cfg : configs()) {
+    cfg.gated_attention = true;
+    const auto m = random_model<double>(cfg, 45);
+    const auto ids = tokens(kB * kT, 46, cfg.vocab_size);
+    const oasis::WAQuantConfig qc = oasis::wa_preset("W4A4");
+    om::ForwardOptions fo;
+    fo.trace = true;
+    fo.quant = &qc;
+    const auto r = m.forward(ids, kB, kT, fo);
+    const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), d = cfg.d_model;
+    index_t blk = 0;
+    for (const auto& tr : r.trace) {
+      if (tr.kind != om::SublayerKind::attention) continue;
+      const std::string L = "layers." + std::to_string(blk++);
+      const Tensor<double> xn = normed_input(m, tr, L + ".attn_norm.weight");
+      const Tensor<double> xr = xn.reshaped({kB * kT, d});
+      // Reference: Q_A / Q_W around every linear map (quant.hpp), RoPE from position 0,
+      // causal token attention, gates from the quantised normalised input and gate weights.
+      auto proj = [&](const std::string& w, index_t heads) {
+        const om::Rows<double> y{oasis::fake_quant_linear(xr, m.param(L + ".attn." + w), qc), {}};
+        return om::rope(y, heads, dh, kT, 0, cfg.rope, cfg.rope_theta, om::ErrorModel{}).x.reshaped({kB, kT, heads * dh});
+      };
+      const Tensor<double> q = proj("q_proj.weight", H), k = proj("k_proj.weight", Hkv);
+      const Tensor<double> v =
+          oasis::fake_quant_linear(xr, m.param(L + ".attn.v_proj.weight"), qc).reshaped({kB, kT, Hkv * dh});
+      EXPECT_TRUE(exactly_equal(tr.name + " q", q, tr.attn_q));
+      EXPECT_TRUE(exactly_equal(tr.name + " v", v, tr.attn_v));
+      const auto g = oasis::gated_attention(to_heads(q, H), to_heads(k, Hkv), to_heads(v, Hkv),
+                                            oasis::fake_quantize(xn, qc.activations),
+                                            oasis::fake_quantize(m.param(L + ".attn.head_gate.weight"), qc.weights),
+                                            m.param(L + ".attn.head_gate.bias"), model_attention_options(cfg));
+      const Tensor<double> heads = from_heads(g.attn.out);
+      EXPECT_TRUE(exactly_equal(tr.name + " gated heads", heads, tr.attn_heads));
+      const Tensor<double> out =
+          oasis::fake_quant_linear(heads.reshaped({kB * kT, H * dh}), m.param(L + ".attn.o_proj.weight"), qc);
       EXPECT_TRUE(exactly_equal(tr.name + " output", out.reshaped(tr.output.shape()), tr.output));
     }
     EXPECT_EQ(blk, cfg.n_blocks);

@@ -540,9 +540,12 @@ std::string describe_ops() {
       "                options eps, compute_in_float32\n"
       "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
       "                inputs ids [B,T] (token ids, exact integers in any float dtype)\n"
-      "                outputs logits [B,T,vocab]; trace tensors <sublayer>.alpha|alpha_null|g|dpsi|routed\n"
-      "                (with the router inputs <sublayer>.sources|g_old|psi) and <sublayer>.branch_psi\n"
-      "                (with <sublayer>.p_null); see docs/verify.md\n";
+      "                outputs logits [B,T,vocab] (verdict with the readout state 'state' [B,T,d], else\n"
+      "                informative only); trace tensors, each checked on its own step inputs:\n"
+      "                <sublayer>.alpha|alpha_null|g|dpsi|routed (inputs .sources|g_old|psi),\n"
+      "                .attn_q|attn_k|attn_v|mlp_hidden (input .input), .attn_heads|branch_psi (inputs\n"
+      "                .attn_q|attn_k|attn_v), .output (input .attn_heads|.mlp_hidden, else .input),\n"
+      "                .branch_psi (input .p_null); see docs/verify.md\n";
 }
 
 CompareReport compare_config(const Value& cfg, const std::string& base_dir, const std::string& default_file,
@@ -607,7 +610,7 @@ std::string format_report(const CompareReport& r) {
                 "max rel", "max ulps", "err/bound", "verdict");
   os << line;
   for (const auto& t : r.tensors) {
-    std::string verdict = t.passed ? "PASS" : "FAIL";
+    std::string verdict = t.informative ? "INFO (no verdict)" : t.passed ? "PASS" : "FAIL";
     if (!t.passed && t.problem.empty())
       verdict += " (" + std::to_string(t.violations) + " of " + std::to_string(t.elements) + " elements outside the bound)";
     if (!t.problem.empty()) verdict += " (" + t.problem + ")";
@@ -618,10 +621,13 @@ std::string format_report(const CompareReport& r) {
     for (const auto& m : t.first_mismatches) os << "      " << m << "\n";
   }
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
-  index_t failed = 0;
-  for (const auto& t : r.tensors) failed += t.passed ? 0 : 1;
-  os << "verdict: " << (r.passed ? "PASS" : "FAIL") << " (" << (r.tensors.size() - static_cast<std::size_t>(failed)) << " of "
-     << r.tensors.size() << " tensors within the policy)\n";
+  index_t failed = 0, checked = 0;
+  for (const auto& t : r.tensors) {
+    checked += t.informative ? 0 : 1;
+    failed += t.informative || t.passed ? 0 : 1;
+  }
+  os << "verdict: " << (r.passed ? "PASS" : "FAIL") << " (" << (checked - failed) << " of " << checked
+     << " tensors within the policy)\n";
   return os.str();
 }
 
@@ -639,7 +645,8 @@ std::string report_json(const CompareReport& r) {
     for (std::size_t d = 0; d < t.shape.size(); ++d) os << (d ? "," : "") << t.shape[d];
     os << "],\"max_abs\":" << jnum(t.max_abs) << ",\"max_rel\":" << jnum(t.max_rel) << ",\"max_ulps\":" << jnum(t.max_ulps)
        << ",\"worst_ratio\":" << jnum(t.worst_ratio) << ",\"violations\":" << t.violations
-       << ",\"passed\":" << (t.passed ? "true" : "false") << ",\"problem\":" << quote(t.problem) << ",\"first_mismatches\":[";
+       << ",\"passed\":" << (t.informative ? "null" : t.passed ? "true" : "false") << ",\"informative\":" << (t.informative ? "true" : "false")
+       << ",\"problem\":" << quote(t.problem) << ",\"first_mismatches\":[";
     for (std::size_t k = 0; k < t.first_mismatches.size(); ++k) os << (k ? "," : "") << quote(t.first_mismatches[k]);
     os << "]}";
   }

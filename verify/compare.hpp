@@ -33,6 +33,9 @@ struct TensorReport {
   index_t violations = 0;    ///< elements outside the bound (NaN counts)
   std::vector<std::string> first_mismatches;  ///< "name[i, j]: got .. ref .. |err| .. bound .."
   bool passed = false;
+  /// Reported for information only, no verdict (model logits without a readout state: the
+  /// end-to-end bound is vacuous, docs/verify.md); `passed` is then true and ignored.
+  bool informative = false;
   std::string problem;       ///< a whole-tensor failure (shape mismatch), empty otherwise
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <string>
 #include <unistd.h>
 
@@ -327,50 +328,244 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
 }
 
 #if defined(OASIS_VERIFY_TEST_MODEL)
-TEST(VerifyCompare, ModelLogitsPassAndOnePerturbedLogitFailsNamingItsIndex) {
-  oasis::model::ModelConfig cfg;  // OASIS variant, Kimi full router, 2 blocks, d = 16, vocab 32
-  cfg.init_std = 0.3;             // logits of order 1 (the default 0.02 gives near-uniform logits)
+namespace om = oasis::model;
+
+/// The small test model: OASIS variant, Kimi full router, 2 blocks, d = 16, vocab 32; init_std
+/// 0.3 gives logits of order 1 (the default 0.02 gives near-uniform logits).
+om::ModelConfig small_model_config() {
+  om::ModelConfig cfg;
+  cfg.init_std = 0.3;
   cfg.theta_init = 0.5;
-  const auto mf = oasis::model::Model<float>::initialized(cfg, 4242);
-  const std::string dir = tmp_dir("model");
-  oasis::model::save_model(mf, dir + "/model.safetensors");
-  const index_t B = 2, Tn = 5;
+  return cfg;
+}
+
+std::vector<index_t> token_ids(index_t B, index_t Tn, index_t vocab, index_t mul, index_t add, Tensor<double>& idt) {
   std::vector<index_t> ids;
-  Tensor<double> idt({B, Tn});
+  idt = Tensor<double>({B, Tn});
   for (index_t i = 0; i < B * Tn; ++i) {
-    ids.push_back((7 * i + 3) % cfg.vocab_size);
+    ids.push_back((mul * i + add) % vocab);
     idt[i] = static_cast<double>(ids.back());
   }
-  io::write_npy(dir + "/ids.npy", {io::DType::f32, idt});
-  const Tensor<float> logits = mf.forward(ids, B, Tn).logits;
-  io::write_npy(dir + "/logits.npy", {io::DType::f32, logits.cast<double>()});
-  const std::string mcfg = R"({"op": "model", "model": "model.safetensors", "inputs": {"ids": "ids.npy"}, "outputs": {"logits": "logits.npy"}})";
-  verify::CompareReport r = run_config(dir, mcfg);
+  return ids;
+}
+
+/// Every trace tensor of a float forward as an implementation would dump it (f32), with the
+/// readout state and logits; p_null is left out, so branch_psi is checked by the attention core.
+io::TensorMap full_trace(const om::ForwardResult<float>& res, const Tensor<double>& idt) {
+  io::TensorMap out{{"ids", {io::DType::f32, idt}},
+                    {"logits", {io::DType::f32, res.logits.cast<double>()}},
+                    {"state", {io::DType::f32, res.state.cast<double>()}}};
+  for (const auto& tr : res.trace) {
+    auto put = [&](const std::string& f, const Tensor<float>& t) {
+      if (t.size() > 0) out.emplace(tr.name + "." + f, io::StoredTensor{io::DType::f32, t.cast<double>()});
+    };
+    if (tr.has_route) {
+      put("sources", tr.sources); put("g_old", tr.g_old); put("psi", tr.psi); put("alpha", tr.alpha);
+      put("alpha_null", tr.alpha_null); put("g", tr.g); put("dpsi", tr.dpsi); put("routed", tr.routed);
+    }
+    if (tr.kind == om::SublayerKind::readout) continue;
+    put("input", tr.input); put("output", tr.output);
+    if (tr.kind == om::SublayerKind::attention) {
+      put("attn_q", tr.attn_q); put("attn_k", tr.attn_k); put("attn_v", tr.attn_v);
+      put("attn_heads", tr.attn_heads); put("branch_psi", tr.branch_psi);
+    } else {
+      put("mlp_hidden", tr.mlp_hidden);
+    }
+  }
+  return out;
+}
+
+std::set<std::string> failing(const verify::CompareReport& r) {
+  std::set<std::string> f;
+  for (const auto& t : r.tensors)
+    if (!t.informative && !t.passed) f.insert(t.name);
+  return f;
+}
+
+const char* kModelCfg = R"({"op": "model", "model": "model.safetensors", "inputs": "run.safetensors", "outputs": "run.safetensors"})";
+
+TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndInformativeWithoutIt) {
+  const om::ModelConfig cfg = small_model_config();
+  const auto mf = om::Model<float>::initialized(cfg, 4242);
+  const std::string dir = tmp_dir("model");
+  om::save_model(mf, dir + "/model.safetensors");
+  const index_t B = 2, Tn = 5;
+  Tensor<double> idt;
+  const std::vector<index_t> ids = token_ids(B, Tn, cfg.vocab_size, 7, 3, idt);
+  const om::ForwardResult<float> res = mf.forward(ids, B, Tn);
+  io::TensorMap out{{"ids", {io::DType::f32, idt}}, {"logits", {io::DType::f32, res.logits.cast<double>()}}};
+
+  // logits alone: the whole forward in mp50, reported in ulps, no verdict (the end-to-end bound is vacuous)
+  io::write_safetensors(dir + "/run.safetensors", out);
+  verify::CompareReport r = run_config(dir, kModelCfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
+  EXPECT_TRUE(find(r, "logits").informative);
+  EXPECT_GT(find(r, "logits").max_ulps, 0.0);  // the float model does not round the exact logits
+  EXPECT_NE(verify::format_report(r).find("end-to-end: informative only, no verdict; provide the trace for a verdict"),
+            std::string::npos) << verify::format_report(r);
+  EXPECT_NE(verify::report_json(r).find("\"passed\":null,\"informative\":true"), std::string::npos);
+
+  // with the readout state: the head step (final RMSNorm + LM head) gives a verdict
+  out.emplace("state", io::StoredTensor{io::DType::f32, res.state.cast<double>()});
+  io::write_safetensors(dir + "/run.safetensors", out);
+  r = run_config(dir, kModelCfg);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  EXPECT_FALSE(find(r, "logits").informative);
   EXPECT_LT(find(r, "logits").worst_ratio, 1.0);
 
-  // The bound of logit [1, 3, 7]: 0.5 ulp + 2 logit_error(token) with u = u_f32; the double model
-  // stands in for mp50 here (its own error, ~1e-16 relative, is far below the 2.5 ulp margin).
+  // The bound of logit [1, 3, 7]: 0.5 ulp + 2 e_head(row) with u = u_f32, e_head from the head
+  // step of the double model on the same state (double stands in for mp50: its own error,
+  // ~1e-16 relative, is far below the 3 ulp margin).
   const auto md = mf.cast<double>();
-  oasis::model::ForwardOptions fo;
-  fo.error_u = io::dtype_eps(io::DType::f32) / 2;
-  const auto ref = md.forward(ids, B, Tn, fo);
-  const index_t V = cfg.vocab_size, flat = (1 * Tn + 3) * V + 7;
-  const double rv = ref.logits[flat];
-  const double bound = 0.5 * io::dtype_ulp(io::DType::f32, rv) + 2.0 * ref.logit_error.at(static_cast<std::size_t>(1 * Tn + 3));
-  Tensor<double> bad = logits.cast<double>();
-  bad[flat] = io::round_to_dtype(rv - bound - 3.0 * io::dtype_ulp(io::DType::f32, rv), io::DType::f32);
-  io::write_npy(dir + "/logits.npy", {io::DType::f32, bad});
-  r = run_config(dir, mcfg);
+  const om::ErrorModel em{io::dtype_eps(io::DType::f32) / 2};
+  const index_t N = B * Tn, d = cfg.d_model, V = cfg.vocab_size, row = 1 * Tn + 3, flat = row * V + 7;
+  const om::Rows<double> st{res.state.cast<double>().reshaped({N, d}), std::vector<double>(static_cast<std::size_t>(N), 0.0)};
+  const om::Rows<double> lg = om::linear(om::rms_norm(st, md.param("norm.weight"), oasis::KeyNormOptions{cfg.norm_eps, false}, em),
+                                         md.param(cfg.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight"), em);
+  const double rv = lg.x[flat];
+  const double bound = 0.5 * io::dtype_ulp(io::DType::f32, rv) + 2.0 * lg.e.at(static_cast<std::size_t>(row));
+  out.at("logits").values[flat] = io::round_to_dtype(rv - bound - 3.0 * io::dtype_ulp(io::DType::f32, rv), io::DType::f32);
+  io::write_safetensors(dir + "/run.safetensors", out);
+  r = run_config(dir, kModelCfg);
   EXPECT_FALSE(r.passed);
   EXPECT_EQ(find(r, "logits").violations, 1);
   EXPECT_EQ(find(r, "logits").first_mismatches.at(0).rfind("logits[1, 3, 7]", 0), 0u) << verify::format_report(r);
+  // the same moved logit without the state: informative, and the verdict ignores it
+  out.erase("state");
+  io::write_safetensors(dir + "/run.safetensors", out);
+  r = run_config(dir, kModelCfg);
+  EXPECT_TRUE(r.passed);
+  EXPECT_TRUE(find(r, "logits").informative);
 
-  // f64 weights and logits from the double model pass too
-  oasis::model::save_model(md, dir + "/model.safetensors");
-  io::write_npy(dir + "/logits.npy", {io::DType::f64, md.forward(ids, B, Tn).logits});
-  r = run_config(dir, mcfg);
+  // f64 weights, state and logits of the double model pass too
+  om::save_model(md, dir + "/model.safetensors");
+  const om::ForwardResult<double> rd = md.forward(ids, B, Tn);
+  io::write_safetensors(dir + "/run.safetensors", {{"ids", {io::DType::f32, idt}},
+                                                   {"logits", {io::DType::f64, rd.logits}},
+                                                   {"state", {io::DType::f64, rd.state}}});
+  r = run_config(dir, kModelCfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
+  EXPECT_FALSE(find(r, "logits").informative);
+}
+
+TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
+  const om::ModelConfig cfg = small_model_config();
+  const auto mf = om::Model<float>::initialized(cfg, 4244);
+  const std::string dir = tmp_dir("fulltrace");
+  om::save_model(mf, dir + "/model.safetensors");
+  const index_t B = 2, Tn = 6;
+  Tensor<double> idt;
+  const std::vector<index_t> ids = token_ids(B, Tn, cfg.vocab_size, 3, 2, idt);
+  om::ForwardOptions fo;
+  fo.trace = true;
+  io::write_safetensors(dir + "/run.safetensors", full_trace(mf.forward(ids, B, Tn, fo), idt));
+  const verify::CompareReport r = run_config(dir, kModelCfg);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  // per attention sublayer: q, k, v, heads, branch_psi, output; per MLP: hidden, output;
+  // 5 routing tensors per router (4 sublayers + final readout); logits
+  EXPECT_EQ(r.tensors.size(), 2u * 6u + 2u * 2u + 5u * 5u + 1u) << verify::format_report(r);
+  for (const char* n : {"layers.1.attn.attn_q", "layers.1.attn.attn_heads", "layers.1.attn.branch_psi",
+                        "layers.1.attn.output", "layers.1.mlp.mlp_hidden", "layers.1.mlp.output", "logits"}) {
+    EXPECT_FALSE(find(r, n).informative) << n;
+    EXPECT_LT(find(r, n).worst_ratio, 1.0) << n;
+  }
+  // one element of an MLP output projection moved by 1e-4 (a few hundred ulps; the local step
+  // bound of W_down on the given hidden rows is ~2e-5 here): fails, named with its index
+  io::TensorMap out = full_trace(mf.forward(ids, B, Tn, fo), idt);
+  const index_t moved = (1 * Tn + 2) * cfg.d_model + 5;
+  out.at("layers.1.mlp.output").values[moved] += 1e-4;
+  io::write_safetensors(dir + "/run.safetensors", out);
+  const verify::CompareReport r1 = run_config(dir, kModelCfg);
+  EXPECT_EQ(failing(r1), std::set<std::string>{"layers.1.mlp.output"}) << verify::format_report(r1);
+  ASSERT_FALSE(find(r1, "layers.1.mlp.output").first_mismatches.empty());
+  EXPECT_EQ(find(r1, "layers.1.mlp.output").first_mismatches.at(0).rfind("layers.1.mlp.output[1, 2, 5]", 0), 0u);
+  // the whole sublayer from its input when the intermediate tensors are left out: passes; the
+  // bound composed over the sublayer's steps is much looser (docs/verify.md), so the gross
+  // mistake here is an output element moved by 0.1
+  out = full_trace(mf.forward(ids, B, Tn, fo), idt);
+  for (const char* f : {"attn_q", "attn_k", "attn_v", "attn_heads", "branch_psi"}) out.erase(std::string("layers.0.attn.") + f);
+  out.erase("layers.0.mlp.mlp_hidden");
+  io::write_safetensors(dir + "/run.safetensors", out);
+  const verify::CompareReport r2 = run_config(dir, kModelCfg);
+  EXPECT_TRUE(r2.passed) << verify::format_report(r2);
+  EXPECT_LT(find(r2, "layers.0.attn.output").worst_ratio, 1.0);
+  EXPECT_LT(find(r2, "layers.0.mlp.output").worst_ratio, 1.0);
+  out.at("layers.0.mlp.output").values[moved] += 0.1;
+  io::write_safetensors(dir + "/run.safetensors", out);
+  const verify::CompareReport r3 = run_config(dir, kModelCfg);
+  EXPECT_EQ(failing(r3), std::set<std::string>{"layers.0.mlp.output"}) << verify::format_report(r3);
+  ASSERT_FALSE(find(r3, "layers.0.mlp.output").first_mismatches.empty());
+  EXPECT_EQ(find(r3, "layers.0.mlp.output").first_mismatches.at(0).rfind("layers.0.mlp.output[1, 2, 5]", 0), 0u);
+  // a step output without its step input is an input error naming the input
+  out.erase("layers.0.mlp.input");
+  io::write_safetensors(dir + "/run.safetensors", out);
+  try {
+    run_config(dir, kModelCfg);
+    ADD_FAILURE() << "accepted an MLP output without its input";
+  } catch (const oasis::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.0.mlp.input"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VerifyCompare, ModelMistakeInOneSublayerIsNamedAtThatStep) {
+  const om::ModelConfig cfg = small_model_config();
+  const auto mf = om::Model<float>::initialized(cfg, 4245);
+  const std::string dir = tmp_dir("mistakes");
+  om::save_model(mf, dir + "/model.safetensors");
+  const index_t B = 2, Tn = 6, N = B * Tn, H = cfg.n_heads;
+  Tensor<double> idt;
+  const std::vector<index_t> ids = token_ids(B, Tn, cfg.vocab_size, 5, 4, idt);
+  om::ForwardOptions fo;
+  fo.trace = true;
+  const om::ForwardResult<float> res = mf.forward(ids, B, Tn, fo);
+
+  // (1) psi summed over heads instead of averaged in layers.0.attn
+  {
+    io::TensorMap out = full_trace(res, idt);
+    Tensor<double>& bp = out.at("layers.0.attn.branch_psi").values;
+    for (index_t i = 0; i < bp.size(); ++i) bp[i] = io::round_to_dtype(bp[i] * static_cast<double>(H), io::DType::f32);
+    io::write_safetensors(dir + "/run.safetensors", out);
+    const verify::CompareReport r = run_config(dir, kModelCfg);
+    EXPECT_EQ(failing(r), std::set<std::string>{"layers.0.attn.branch_psi"}) << verify::format_report(r);
+  }
+  // (2) null logit left out of the LSE (plain softmax) in layers.1.attn: heads recomputed by the
+  // library's float attention core with the softmax normaliser on the same q, k, v, then W_o
+  {
+    io::TensorMap out = full_trace(res, idt);
+    om::ModelConfig wrong = cfg;
+    wrong.token_normalizer = oasis::RowNorm::softmax;
+    ASSERT_NE(cfg.token_norm(), oasis::RowNorm::softmax);
+    const om::SublayerTrace<float>& tr = res.trace.at(2);
+    ASSERT_EQ(tr.name, "layers.1.attn");
+    auto rows = [&](const Tensor<float>& t) { return om::Rows<float>{t.reshaped({N, t.dim(2)}), {}}; };
+    om::KVCache<float> kv;
+    const om::AttentionSublayer<float> a = om::attention_core(rows(tr.attn_q), rows(tr.attn_k), rows(tr.attn_v), B, Tn, wrong, kv, om::ErrorModel{});
+    const om::Rows<float> o = om::linear(a.heads, *mf.attn_weights(1).wo, om::ErrorModel{});
+    out.at("layers.1.attn.attn_heads").values = a.heads.x.cast<double>().reshaped({B, Tn, a.heads.x.dim(1)});
+    out.at("layers.1.attn.branch_psi").values = a.psi.cast<double>();
+    out.at("layers.1.attn.output").values = o.x.cast<double>().reshaped({B, Tn, cfg.d_model});
+    io::write_safetensors(dir + "/run.safetensors", out);
+    const verify::CompareReport r = run_config(dir, kModelCfg);
+    // the core step fails; W_o applied to those heads is itself right, and so is everything else
+    EXPECT_EQ(failing(r), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.branch_psi"})) << verify::format_report(r);
+  }
+  // (3) RoPE layout swapped (interleaved pairs instead of rotate_half) by the implementation:
+  // the projection step of every attention sublayer fails at q and k, nothing downstream
+  {
+    om::ModelConfig swapped = cfg;
+    ASSERT_EQ(cfg.rope, om::RopeLayout::rotate_half);
+    swapped.rope = om::RopeLayout::interleaved;
+    const auto ms = om::Model<float>::initialized(swapped, 4245);  // same weights (rope is not a parameter)
+    io::write_safetensors(dir + "/run.safetensors", full_trace(ms.forward(ids, B, Tn, fo), idt));
+    const verify::CompareReport r = run_config(dir, kModelCfg);
+    EXPECT_EQ(failing(r), (std::set<std::string>{"layers.0.attn.attn_q", "layers.0.attn.attn_k", "layers.1.attn.attn_q",
+                                                 "layers.1.attn.attn_k"}))
+        << verify::format_report(r);
+    // position 0 is not rotated: the first mismatch of q lies at t >= 1
+    const std::string& m0 = find(r, "layers.0.attn.attn_q").first_mismatches.at(0);
+    EXPECT_EQ(m0.rfind("layers.0.attn.attn_q[0, ", 0), 0u) << m0;
+    EXPECT_NE(m0.rfind("layers.0.attn.attn_q[0, 0,", 0), 0u) << m0;
+  }
 }
 
 TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {

@@ -543,8 +543,8 @@ std::string describe_ops() {
       "                outputs logits [B,T,vocab] (verdict with the readout state 'state' [B,T,d], else\n"
       "                informative only); trace tensors, each checked on its own step inputs:\n"
       "                <sublayer>.alpha|alpha_null|g|dpsi|routed (inputs .sources|g_old|psi),\n"
-      "                .attn_q|attn_k|attn_v|mlp_hidden (input .input), .attn_heads|branch_psi (inputs\n"
-      "                .attn_q|attn_k|attn_v), .output (input .attn_heads|.mlp_hidden, else .input),\n"
+      "                .attn_q|attn_k|attn_v|mlp_hidden (input .input), .attn_heads|p_null|lse|branch_psi\n"
+      "                (inputs .attn_q|attn_k|attn_v), .output (input .attn_heads|.mlp_hidden, else .input),\n"
       "                .branch_psi (input .p_null); see docs/verify.md\n";
 }
 

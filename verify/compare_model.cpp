@@ -176,7 +176,12 @@ void check_sublayer_steps(const oasis::model::Model<mp50>& m, const oasis::model
     const char* steps[] = {"attn_q", "attn_k", "attn_v", "attn_heads", "output"};
     bool any = false;
     for (const char* f : steps) any = any || find_t(out, P + f);
-    if (!any && !(find_t(out, P + "branch_psi") && !psi_from_pnull)) return;
+    const bool have_qkv = find_t(out, P + "attn_q") && find_t(out, P + "attn_k") && find_t(out, P + "attn_v");
+    // .p_null and .lse are core outputs when the projections are given (else p_null is only the
+    // input of the branch psi step)
+    const io::StoredTensor* pnull = have_qkv ? find_t(out, P + "p_null") : nullptr;
+    const io::StoredTensor* lse = have_qkv ? find_t(out, P + "lse") : nullptr;
+    if (!any && !pnull && !lse && !(find_t(out, P + "branch_psi") && !psi_from_pnull)) return;
     OASIS_REQUIRE(!c.gated_attention && !c.prefix_sink, P + "output",
                   "no per-step error bound is derived for gated attention or the prefix sink; the attention steps of this "
                   "configuration cannot be checked (leave out ", P, "attn_q/attn_k/attn_v/attn_heads/output)");
@@ -222,6 +227,42 @@ void check_sublayer_steps(const oasis::model::Model<mp50>& m, const oasis::model
         const auto& a = memo(cache, model_u(bpsi->dtype), core);
         compare_step(P + "branch_psi", *bpsi, a.psi, a.e_psi, B, Tn, 0, opt, rep);
         traced.insert(P + "branch_psi");
+      }
+    }
+    // step 2b: p_null and LSE of the core per (b, h, t): the op-level token attention on the
+    // implementation's q, k, v split into heads, under the op-level attention bounds
+    if (pnull || lse) {
+      const index_t H = c.n_heads, Hkv = c.kv_heads(), dh = c.head_dim();
+      auto heads_of = [&](const char* f, index_t Hx) {  // [B, T, Hx dh] -> [B, Hx, T, dh]
+        const Tensor<double>& x = find_t(out, P + f)->values;
+        OASIS_REQUIRE(x.shape() == (Shape{B, Tn, Hx * dh}), P + f, "shape ", shape_str(x.shape()), ", expected ",
+                      shape_str(Shape{B, Tn, Hx * dh}));
+        for (index_t i = 0; i < x.size(); ++i)
+          OASIS_REQUIRE(std::isfinite(x[i]), P + f, "entry ", i, " is not finite (a step input must be finite)");
+        Tensor<double> r({B, Hx, Tn, dh});
+        for (index_t bb = 0; bb < B; ++bb)
+          for (index_t hh = 0; hh < Hx; ++hh)
+            for (index_t t = 0; t < Tn; ++t)
+              for (index_t cc = 0; cc < dh; ++cc) r(bb, hh, t, cc) = x[(bb * Tn + t) * Hx * dh + hh * dh + cc];
+        return r;
+      };
+      const Tensor<double> qh = heads_of("attn_q", H), kh = heads_of("attn_k", Hkv), vh = heads_of("attn_v", Hkv);
+      AttentionOptions ao;  // as oasis::model::attention_core: the variant's normaliser, causal, scale 1/sqrt(d_h)
+      ao.normalizer = c.token_norm();
+      ao.causal = true;
+      ao.return_probs = true;
+      const AttentionResult<mp50> ref = token_attention(qh.cast<mp50>(), kh.cast<mp50>(), vh.cast<mp50>(), ao);
+      auto plain = [&](io::DType dt) {
+        if (dt == io::DType::f64) return bounds::attention_bounds(qh, kh, vh, ao, ref);
+        return bounds::attention_bounds(qh.cast<float>(), kh.cast<float>(), vh.cast<float>(), ao, ref);
+      };
+      if (pnull) {
+        rep.tensors.push_back(compare_tensor(P + "p_null", *pnull, ref.p_null, scaled(plain(pnull->dtype).p_null, pnull->dtype), opt.show));
+        traced.insert(P + "p_null");
+      }
+      if (lse) {
+        rep.tensors.push_back(compare_tensor(P + "lse", *lse, ref.lse, scaled(plain(lse->dtype).lse, lse->dtype), opt.show));
+        traced.insert(P + "lse");
       }
     }
     // step 3: output projection from .attn_heads, else the whole sublayer from .input

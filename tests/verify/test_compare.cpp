@@ -469,6 +469,23 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
     EXPECT_FALSE(find(r, n).informative) << n;
     EXPECT_LT(find(r, n).worst_ratio, 1.0) << n;
   }
+  // p_null and LSE1 of the attention core from the same q, k, v pass (the branch psi then checks
+  // against the given p_null)
+  {
+    const om::ForwardResult<float> res = mf.forward(ids, B, Tn, fo);
+    io::TensorMap withp = full_trace(res, idt);
+    for (const auto& tr : res.trace)
+      if (tr.kind == om::SublayerKind::attention) {
+        withp.emplace(tr.name + ".p_null", io::StoredTensor{io::DType::f32, tr.p_null.cast<double>()});
+        withp.emplace(tr.name + ".lse", io::StoredTensor{io::DType::f32, tr.lse.cast<double>()});
+      }
+    io::write_safetensors(dir + "/run.safetensors", withp);
+    const verify::CompareReport rp = run_config(dir, kModelCfg);
+    EXPECT_TRUE(rp.passed) << verify::format_report(rp);
+    EXPECT_EQ(rp.tensors.size(), r.tensors.size() + 4u) << verify::format_report(rp);
+    EXPECT_LT(find(rp, "layers.1.attn.p_null").worst_ratio, 1.0);
+    EXPECT_LT(find(rp, "layers.1.attn.lse").worst_ratio, 1.0);
+  }
   // one element of an MLP output projection moved by 1e-4 (a few hundred ulps; the local step
   // bound of W_down on the given hidden rows is ~2e-5 here): fails, named with its index
   io::TensorMap out = full_trace(mf.forward(ids, B, Tn, fo), idt);
@@ -548,6 +565,14 @@ TEST(VerifyCompare, ModelMistakeInOneSublayerIsNamedAtThatStep) {
     const verify::CompareReport r = run_config(dir, kModelCfg);
     // the core step fails; W_o applied to those heads is itself right, and so is everything else
     EXPECT_EQ(failing(r), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.branch_psi"})) << verify::format_report(r);
+    // with the implementation's p_null and LSE: those fail at the core too, while its branch psi
+    // (the mean of its own p_null) is right given p_null
+    out.emplace("layers.1.attn.p_null", io::StoredTensor{io::DType::f32, a.p_null.cast<double>()});
+    out.emplace("layers.1.attn.lse", io::StoredTensor{io::DType::f32, a.lse.cast<double>()});
+    io::write_safetensors(dir + "/run.safetensors", out);
+    const verify::CompareReport rp = run_config(dir, kModelCfg);
+    EXPECT_EQ(failing(rp), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.p_null", "layers.1.attn.lse"}))
+        << verify::format_report(rp);
   }
   // (3) RoPE layout swapped (interleaved pairs instead of rotate_half) by the implementation:
   // the projection step of every attention sublayer fails at q and k, nothing downstream

@@ -351,13 +351,15 @@ std::vector<index_t> token_ids(index_t B, index_t Tn, index_t vocab, index_t mul
 
 /// Every trace tensor of a float forward as an implementation would dump it (f32), with the
 /// readout state and logits; p_null is left out, so branch_psi is checked by the attention core.
-io::TensorMap full_trace(const om::ForwardResult<float>& res, const Tensor<double>& idt) {
+/// dt: f32 for a float model, f64 for a double model.
+template <class T>
+io::TensorMap full_trace(const om::ForwardResult<T>& res, const Tensor<double>& idt, io::DType dt = io::DType::f32) {
   io::TensorMap out{{"ids", {io::DType::f32, idt}},
-                    {"logits", {io::DType::f32, res.logits.cast<double>()}},
-                    {"state", {io::DType::f32, res.state.cast<double>()}}};
+                    {"logits", {dt, res.logits.template cast<double>()}},
+                    {"state", {dt, res.state.template cast<double>()}}};
   for (const auto& tr : res.trace) {
-    auto put = [&](const std::string& f, const Tensor<float>& t) {
-      if (t.size() > 0) out.emplace(tr.name + "." + f, io::StoredTensor{io::DType::f32, t.cast<double>()});
+    auto put = [&](const std::string& f, const Tensor<T>& t) {
+      if (t.size() > 0) out.emplace(tr.name + "." + f, io::StoredTensor{dt, t.template cast<double>()});
     };
     if (tr.has_route) {
       put("sources", tr.sources); put("g_old", tr.g_old); put("psi", tr.psi); put("alpha", tr.alpha);
@@ -513,6 +515,16 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
   EXPECT_EQ(failing(r3), std::set<std::string>{"layers.0.mlp.output"}) << verify::format_report(r3);
   ASSERT_FALSE(find(r3, "layers.0.mlp.output").first_mismatches.empty());
   EXPECT_EQ(find(r3, "layers.0.mlp.output").first_mismatches.at(0).rfind("layers.0.mlp.output[1, 2, 5]", 0), 0u);
+  // the complete f64 trace of the double model (same weights, saved in f64) passes too
+  {
+    const auto md = mf.cast<double>();
+    const std::string d64 = tmp_dir("fulltrace64");
+    om::save_model(md, d64 + "/model.safetensors");
+    io::write_safetensors(d64 + "/run.safetensors", full_trace(md.forward(ids, B, Tn, fo), idt, io::DType::f64));
+    const verify::CompareReport r64 = run_config(d64, kModelCfg);
+    EXPECT_TRUE(r64.passed) << verify::format_report(r64);
+    EXPECT_EQ(r64.tensors.size(), r.tensors.size());
+  }
   // a step output without its step input is an input error naming the input
   out.erase("layers.0.mlp.input");
   io::write_safetensors(dir + "/run.safetensors", out);

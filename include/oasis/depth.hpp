@@ -98,11 +98,16 @@ struct DepthRoute {
   Tensor<T> dpsi;        ///< [n, N]
 };
 
-/// Route N tokens over n sources: sources [n, N, d], g_old [n, N], psi [n, N] (entries of
-/// candidates without evidence are ignored), kinds[n].
+/// Shape facts of one depth-routing call.
+struct RouteShape {
+  index_t n, N, d;
+};
+
+/// Validates the shapes of attn_res_route's arguments (shared by every backend); throws naming
+/// the argument. Values (finite sources and logits, psi in [0, 1]) are checked by the routing.
 template <class T>
-DepthRoute<T> attn_res_route(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
-                             const std::vector<SourceKind>& kinds, const DepthOptions& opt = {}) {
+RouteShape check_route_shapes(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
+                              const std::vector<SourceKind>& kinds) {
   require_rank(sources, 3, "sources", "[n, N, d]");
   require_rank(g_old, 2, "g_old", "[n, N]");
   require_rank(psi, 2, "psi", "[n, N]");
@@ -114,6 +119,15 @@ DepthRoute<T> attn_res_route(const Tensor<T>& sources, const Tensor<T>& g_old, c
                 " does not match sources [n, N] = [", n, ", ", N, "]");
   OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(),
                 " entries but there are ", n, " sources");
+  return {n, N, d};
+}
+
+/// Route N tokens over n sources: sources [n, N, d], g_old [n, N], psi [n, N] (entries of
+/// candidates without evidence are ignored), kinds[n].
+template <class T>
+DepthRoute<T> attn_res_route(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
+                             const std::vector<SourceKind>& kinds, const DepthOptions& opt = {}) {
+  const auto [n, N, d] = check_route_shapes(sources, g_old, psi, kinds);
   require_finite(sources, "sources");
 
   DepthRoute<T> r{Tensor<T>({N, d}), Tensor<T>({n, N}), Tensor<T>({N}), Tensor<T>({n, N}), Tensor<T>({n, N})};

@@ -60,6 +60,7 @@ DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const 
                                  const DepthOptions& opt) {
   if (b == Backend::reference) return attn_res_route(sources, g_old, psi, kinds, opt);
   require_available(b);
+  check_route_shapes(sources, g_old, psi, kinds);
   return b == Backend::cpu_fast ? detail::cpu_fast_attn_res_route(sources, g_old, psi, kinds, opt)
                                 : detail::cuda_attn_res_route(sources, g_old, psi, kinds, opt);
 }

@@ -183,27 +183,11 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   }
 }
 
-void route_checks(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
-                  const std::vector<SourceKind>& kinds) {
-  // the reference's checks (oasis/depth.hpp attn_res_route), in its order; the finiteness of the
-  // sources is checked during the mixing (and reported with the reference's message).
-  require_rank(sources, 3, "sources", "[n, N, d]");
-  require_rank(g_old, 2, "g_old", "[n, N]");
-  require_rank(psi, 2, "psi", "[n, N]");
-  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
-  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in ", shape_str(sources.shape()));
-  OASIS_REQUIRE(g_old.dim(0) == n && g_old.dim(1) == N, "g_old", "shape ", shape_str(g_old.shape()),
-                " does not match sources [n, N] = [", n, ", ", N, "]");
-  OASIS_REQUIRE(psi.dim(0) == n && psi.dim(1) == N, "psi", "shape ", shape_str(psi.shape()),
-                " does not match sources [n, N] = [", n, ", ", N, "]");
-  OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(),
-                " entries but there are ", n, " sources");
-}
-
 void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                 const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
-  route_checks(sources, g_old, psi, kinds);
-  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  // the reference's shape checks (oasis/depth.hpp); the finiteness of the sources is checked
+  // during the mixing (and reported with the reference's message).
+  const auto [n, N, d] = check_route_shapes(sources, g_old, psi, kinds);
   ensure_shape(r.h, {N, d});
   ensure_shape(r.alpha, {n, N});
   ensure_shape(r.alpha_null, {N});

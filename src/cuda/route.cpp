@@ -9,17 +9,7 @@ namespace oasis::cuda::detail {
 RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                             const std::vector<SourceKind>& kinds, const DepthOptions& opt) {
   // oasis::attn_res_route's checks, in its order.
-  require_rank(sources, 3, "sources", "[n, N, d]");
-  require_rank(g_old, 2, "g_old", "[n, N]");
-  require_rank(psi, 2, "psi", "[n, N]");
-  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
-  OASIS_REQUIRE(n > 0 && N > 0 && d > 0, "sources", "empty dimension in ", shape_str(sources.shape()));
-  OASIS_REQUIRE(g_old.dim(0) == n && g_old.dim(1) == N, "g_old", "shape ", shape_str(g_old.shape()),
-                " does not match sources [n, N] = [", n, ", ", N, "]");
-  OASIS_REQUIRE(psi.dim(0) == n && psi.dim(1) == N, "psi", "shape ", shape_str(psi.shape()),
-                " does not match sources [n, N] = [", n, ", ", N, "]");
-  OASIS_REQUIRE(static_cast<index_t>(kinds.size()) == n, "kinds", "has ", kinds.size(), " entries but there are ", n,
-                " sources");
+  const auto [n, N, d] = check_route_shapes(sources, g_old, psi, kinds);
   require_finite(sources, "sources");
   require_cuda_normalizer(opt.normalizer, "normalizer");
   require_int(sources.size(), "sources", "size");

@@ -57,6 +57,8 @@ struct RowBound {
 /// p_ref/p_null_ref/lse_ref: exact results (double copies of the high-precision reference).
 inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
                           double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref) {
+  OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer",
+                "no derived error bound for ", to_string(kind), " (bounds cover softmax and softmax1)");
   RowBound b;
   b.p.assign(static_cast<std::size_t>(m), 0.0);
   b.rel.assign(static_cast<std::size_t>(m), 0.0);

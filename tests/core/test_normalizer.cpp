@@ -229,6 +229,10 @@ TEST(NormalizerBound, RejectsNullLeftOutOfLse) {
   const auto b = bounds::row_bound(bounds::Precision::of<double>(), RowNorm::softmax1, z.data(), nullptr, 3, 0.0, 0.0,
                                    pref.data(), to_double(ref.p_null), to_double(ref.lse));
   EXPECT_GT(std::abs(wrong.p[2] - pref[2]), 1e6 * b.p[2]);
+  // normalisers without a derived bound are refused, not silently given softmax's bound
+  EXPECT_THROW(bounds::row_bound(bounds::Precision::of<double>(), RowNorm::sparsemax, z.data(), nullptr, 3, 0.0, 0.0,
+                                 pref.data(), 0.0, 0.0),
+               oasis::invalid_argument);
 }
 
 #if defined(OASIS_HAVE_MPFR)

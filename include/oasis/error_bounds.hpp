@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "oasis/attention.hpp"
@@ -250,6 +252,52 @@ Tensor<double> pseudo_query_logits_bounds(const Tensor<T>& sources, const Tensor
                 std::numeric_limits<double>::min();
     }
   return b;
+}
+
+/// Outcome of the kernel parity rule over one or more tensors.
+struct ParityOutcome {
+  bool ok = true;
+  index_t violations = 0;
+  double worst_ratio = 0;    ///< max over elements of |x - x_hp| / (2 |x_ref - x_hp| + floor)
+  double worst_err = 0;      ///< max |x - x_hp|
+  double worst_ref_err = 0;  ///< max |x_ref - x_hp|
+  std::string first;         ///< the first violations, one per line
+};
+
+/// The kernel parity rule of docs/tolerances.md (item 4), element-wise: a fast kernel's output x
+/// (float, on the same inputs as the plain float reference x_ref) must satisfy
+///     |x - x_hp| <= 2 |x_ref - x_hp| + floor
+/// against the high-precision result x_hp, where floor is the derived bound of the plain reference
+/// (attention_bounds, depth_route_bounds, ...). Equal infinities count as error 0; NaN fails.
+template <class R>
+void check_parity(const std::string& name, const Tensor<float>& got, const Tensor<float>& ref, const Tensor<R>& hp,
+                  const Tensor<double>& floor, ParityOutcome& o, int show = 5) {
+  if (got.shape() != hp.shape() || ref.shape() != hp.shape() || floor.shape() != hp.shape()) {
+    o.ok = false;
+    o.first += name + ": shapes " + shape_str(got.shape()) + ", reference " + shape_str(ref.shape()) + ", oracle " +
+               shape_str(hp.shape()) + ", floor " + shape_str(floor.shape()) + "\n";
+    return;
+  }
+  auto abs_err = [](double a, double b) {
+    return (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) ? 0.0 : std::abs(a - b);
+  };
+  std::ostringstream os;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const double h = static_cast<double>(hp[i]);
+    const double e = abs_err(got[i], h), er = abs_err(ref[i], h);
+    const double allowed = 2.0 * (std::isfinite(er) ? er : 0.0) + floor[i];
+    o.worst_err = std::max(o.worst_err, std::isfinite(e) ? e : 0.0);
+    o.worst_ref_err = std::max(o.worst_ref_err, std::isfinite(er) ? er : 0.0);
+    if (allowed > 0 && std::isfinite(e)) o.worst_ratio = std::max(o.worst_ratio, e / allowed);
+    if (!(e <= allowed)) {
+      if (o.violations < show)
+        os << "  " << name << "[" << i << "]: got " << got[i] << " oracle " << h << " reference " << ref[i]
+           << " |err| " << e << " allowed " << allowed << "\n";
+      ++o.violations;
+      o.ok = false;
+    }
+  }
+  o.first += os.str();
 }
 
 }  // namespace oasis::bounds

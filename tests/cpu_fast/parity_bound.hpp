@@ -17,50 +17,13 @@
 // (one per tile) remain, inside the same count).
 #pragma once
 
-#include <cmath>
-#include <sstream>
-#include <string>
-
 #include "oasis/error_bounds.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis::fast_parity {
 
-struct Outcome {
-  bool ok = true;
-  index_t violations = 0;
-  double worst_ratio = 0;  ///< max over elements of |x_fast - x_mp| / (2 |x_ref - x_mp| + b_ref)
-  std::string first;       ///< description of the first violations
-};
-
-/// Check (*) element-wise over `rows` elements of one output (flat indices of the tensors).
-template <class R>
-void check_tensor(const std::string& name, const Tensor<float>& fast, const Tensor<float>& ref, const Tensor<R>& mp,
-                  const Tensor<double>& bound, Outcome& o, int show = 5) {
-  std::ostringstream os;
-  if (fast.shape() != mp.shape() || ref.shape() != mp.shape() || bound.shape() != mp.shape()) {
-    o.ok = false;
-    o.first += name + ": shape mismatch " + shape_str(fast.shape()) + " vs " + shape_str(mp.shape()) + "\n";
-    return;
-  }
-  for (index_t i = 0; i < fast.size(); ++i) {
-    const double x = fast[i], r = ref[i], m = static_cast<double>(mp[i]);
-    auto err = [](double a, double b) {
-      return (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) ? 0.0 : std::abs(a - b);
-    };
-    const double e_fast = err(x, m), e_ref = err(r, m);
-    const double allowed = 2.0 * (std::isfinite(e_ref) ? e_ref : 0.0) + bound[i];
-    if (allowed > 0 && std::isfinite(e_fast)) o.worst_ratio = std::max(o.worst_ratio, e_fast / allowed);
-    if (!(e_fast <= allowed)) {  // NaN fails
-      if (o.violations < show)
-        os << "  " << name << "[" << i << "]: fast " << x << " mp " << m << " ref " << r << " |err| " << e_fast
-           << " allowed " << allowed << "\n";
-      ++o.violations;
-      o.ok = false;
-    }
-  }
-  o.first += os.str();
-}
+/// (*) is bounds::check_parity (oasis/error_bounds.hpp), shared with the CUDA parity tests.
+using Outcome = bounds::ParityOutcome;
 
 /// Check every output of an attention call; `mp` must hold probabilities (return_probs = true),
 /// `fast`/`ref` may omit them (then they are not compared).
@@ -70,10 +33,11 @@ Outcome check_attention(const Tensor<float>& q, const Tensor<float>& k, const Te
                         const AttentionResult<float>& ref, const AttentionResult<R>& mp) {
   const bounds::AttentionBounds b = bounds::attention_bounds(q, k, v, opt, mp);
   Outcome o;
-  check_tensor("out", fast.out, ref.out, mp.out, b.out, o);
-  check_tensor("lse", fast.lse, ref.lse, mp.lse, b.lse, o);
-  check_tensor("p_null", fast.p_null, ref.p_null, mp.p_null, b.p_null, o);
-  if (!fast.probs.empty() && !ref.probs.empty()) check_tensor("probs", fast.probs, ref.probs, mp.probs, b.probs, o);
+  bounds::check_parity("out", fast.out, ref.out, mp.out, b.out, o);
+  bounds::check_parity("lse", fast.lse, ref.lse, mp.lse, b.lse, o);
+  bounds::check_parity("p_null", fast.p_null, ref.p_null, mp.p_null, b.p_null, o);
+  if (!fast.probs.empty() && !ref.probs.empty())
+    bounds::check_parity("probs", fast.probs, ref.probs, mp.probs, b.probs, o);
   return o;
 }
 

@@ -22,6 +22,7 @@
 
 #include "oasis/attention.hpp"
 #include "oasis/backend.hpp"
+#include "oasis/error_bounds.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis {
@@ -31,41 +32,24 @@ inline void PrintTo(Backend b, std::ostream* os) { *os << to_string(b); }
 
 namespace oasis::test {
 
+/// |a - b| with equal infinities at distance 0 (NaN propagates and fails a comparison).
 inline double abs_err(double a, double b) {
   if (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) return 0.0;
-  return std::abs(a - b);  // NaN propagates and fails the comparison
+  return std::abs(a - b);
 }
 
+/// The rule above as a GoogleTest assertion (the rule itself is bounds::check_parity).
 template <class R>
 ::testing::AssertionResult within_twice_reference(const std::string& name, const Tensor<float>& got,
                                                   const Tensor<float>& ref, const Tensor<R>& hp,
                                                   const Tensor<double>& floor, int show = 5) {
-  if (got.shape() != hp.shape() || ref.shape() != hp.shape() || floor.shape() != hp.shape())
-    return ::testing::AssertionFailure() << name << ": shapes " << shape_str(got.shape()) << ", reference "
-                                         << shape_str(ref.shape()) << ", oracle " << shape_str(hp.shape())
-                                         << ", floor " << shape_str(floor.shape());
-  index_t bad = 0;
-  double worst = 0, worst_got = 0, worst_ref = 0;
-  std::ostringstream os;
-  for (index_t i = 0; i < got.size(); ++i) {
-    const double h = static_cast<double>(hp[i]);
-    const double e = abs_err(got[i], h), er = abs_err(ref[i], h);
-    const double allowed = 2.0 * (std::isfinite(er) ? er : 0.0) + floor[i];
-    worst_got = std::max(worst_got, std::isfinite(e) ? e : 0.0);
-    worst_ref = std::max(worst_ref, std::isfinite(er) ? er : 0.0);
-    if (allowed > 0 && std::isfinite(e)) worst = std::max(worst, e / allowed);
-    if (!(e <= allowed)) {
-      if (bad < show)
-        os << "\n  " << name << "[" << i << "]: got " << got[i] << " oracle " << h << " reference " << ref[i]
-           << " |err| " << e << " allowed " << allowed;
-      ++bad;
-    }
-  }
-  if (bad)
-    return ::testing::AssertionFailure() << name << ": " << bad << " of " << got.size()
-                                         << " elements outside 2|ref err| + floor" << os.str();
-  return ::testing::AssertionSuccess() << name << ": max |err| " << worst_got << " (reference " << worst_ref
-                                       << "), worst |err|/allowed " << worst;
+  bounds::ParityOutcome o;
+  bounds::check_parity(name, got, ref, hp, floor, o, show);
+  if (!o.ok)
+    return ::testing::AssertionFailure() << name << ": " << o.violations << " of " << got.size()
+                                         << " elements outside 2|ref err| + floor\n" << o.first;
+  return ::testing::AssertionSuccess() << name << ": max |err| " << o.worst_err << " (reference " << o.worst_ref_err
+                                       << "), worst |err|/allowed " << o.worst_ratio;
 }
 
 /// EXPECT_TRUE on a parity result that also prints the realised errors and the margin of a passing

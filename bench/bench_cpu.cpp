@@ -29,7 +29,7 @@
 #include "oasis/backend.hpp"
 #include "oasis/cpu_fast.hpp"
 #include "oasis/oasis.hpp"
-#include "oasis_test_random.hpp"
+#include "oasis_random.hpp"
 
 namespace oasis_bench {
 using namespace oasis;
@@ -87,8 +87,8 @@ void report_bytes(benchmark::State& st, double bytes_per_iter, const Span& t0) {
 
 void BM_Ceiling_GemmF32(benchmark::State& st) {
   const index_t n = st.range(0);
-  auto rng = make_rng(1);
-  const Tensor<float> a = randn_f({n, n}, rng), b = randn_f({n, n}, rng);
+  auto rng = oasis::test::make_rng(1);
+  const Tensor<float> a = oasis::test::randn<float>({n, n}, rng), b = oasis::test::randn<float>({n, n}, rng);
   Tensor<float> c({n, n});
   eigen_gemm(a.data(), b.data(), c.data(), n, n, n, threads());  // warm-up (first touch, threads)
   const Span t0 = Span::start();
@@ -128,8 +128,8 @@ void BM_Ceiling_Triad(benchmark::State& st) {
 
 void BM_RowNormalizer_reference_softmax1(benchmark::State& st) {
   const index_t m = st.range(0);
-  auto rng = make_rng(2);
-  const Tensor<float> z = randn_f({m}, rng, 3.0);
+  auto rng = oasis::test::make_rng(2);
+  const Tensor<float> z = oasis::test::randn<float>({m}, rng, 3.0);
   std::vector<float> p(static_cast<std::size_t>(m));
   const Span t0 = Span::start();
   for (auto _ : st) {
@@ -142,8 +142,8 @@ void BM_RowNormalizer_reference_softmax1(benchmark::State& st) {
 
 void BM_RowNormalizer_fast_vector_exp(benchmark::State& st) {
   const index_t m = st.range(0);
-  auto rng = make_rng(3);
-  const Tensor<float> z = randn_f({m}, rng, 3.0);
+  auto rng = oasis::test::make_rng(3);
+  const Tensor<float> z = oasis::test::randn<float>({m}, rng, 3.0);
   std::vector<float> p(static_cast<std::size_t>(m));
   const Span t0 = Span::start();
   for (auto _ : st) {
@@ -169,10 +169,10 @@ const AttnInputs& attn_inputs(index_t T, index_t d) {
   if (it != cache.end()) return it->second;
   AttnInputs in;
   const index_t H = 8;
-  auto rng = make_rng(100 + static_cast<std::uint64_t>(T + d));
-  in.q = randn_f({1, H, T, d}, rng);
-  in.k = randn_f({1, H, T, d}, rng);
-  in.v = randn_f({1, H, T, d}, rng);
+  auto rng = oasis::test::make_rng(100 + static_cast<std::uint64_t>(T + d));
+  in.q = oasis::test::randn<float>({1, H, T, d}, rng);
+  in.k = oasis::test::randn<float>({1, H, T, d}, rng);
+  in.v = oasis::test::randn<float>({1, H, T, d}, rng);
   in.opt.normalizer = RowNorm::softmax1;
   in.opt.causal = true;
   // useful work: every visible (query, key) pair costs 2 d_h (score) + 2 d_v (output) flops
@@ -229,10 +229,10 @@ const RouteInputs& route_inputs(index_t n, index_t N, index_t d) {
   auto it = cache.find(n);
   if (it != cache.end()) return it->second;
   RouteInputs in;
-  auto rng = make_rng(200 + static_cast<std::uint64_t>(n));
-  in.sources = randn_f({n, N, d}, rng);
-  in.g = randn_f({n, N}, rng, 2.0);
-  in.psi = uniform_f({n, N}, rng, 0.0, 1.0);
+  auto rng = oasis::test::make_rng(200 + static_cast<std::uint64_t>(n));
+  in.sources = oasis::test::randn<float>({n, N, d}, rng);
+  in.g = oasis::test::randn<float>({n, N}, rng, 2.0);
+  in.psi = oasis::test::uniform<float>({n, N}, rng, 0.0, 1.0);
   in.kinds.push_back(SourceKind::initial);
   for (index_t i = 1; i < n; ++i) in.kinds.push_back(i % 2 ? SourceKind::attention : SourceKind::headless);
   // streamed: every source once, the output once (weights and logits are O(n N), negligible)
@@ -288,15 +288,15 @@ void BM_Route_fast_backend_api(benchmark::State& st) {
 // Softmax1 attention (8 heads x 64), y = A W_o. d = 512, T = 1024 tokens, batch 1.
 void BM_Layer_attnres_attention_sublayer(benchmark::State& st) {
   const index_t T = 1024, d = 512, H = 8, dh = 64, n = 8;
-  auto rng = make_rng(300);
-  const Tensor<float> sources = randn_f({n, T, d}, rng);
-  const Tensor<float> g = randn_f({n, T}, rng);
-  const Tensor<float> psi = uniform_f({n, T}, rng, 0.0, 1.0);
+  auto rng = oasis::test::make_rng(300);
+  const Tensor<float> sources = oasis::test::randn<float>({n, T, d}, rng);
+  const Tensor<float> g = oasis::test::randn<float>({n, T}, rng);
+  const Tensor<float> psi = oasis::test::uniform<float>({n, T}, rng, 0.0, 1.0);
   std::vector<SourceKind> kinds{SourceKind::initial};
   for (index_t i = 1; i < n; ++i) kinds.push_back(i % 2 ? SourceKind::attention : SourceKind::headless);
   const float wsd = 1.0f / std::sqrt(static_cast<float>(d));
-  const Tensor<float> Wq = randn_f({d, d}, rng, wsd), Wk = randn_f({d, d}, rng, wsd), Wv = randn_f({d, d}, rng, wsd),
-                      Wo = randn_f({d, d}, rng, wsd);
+  const Tensor<float> Wq = oasis::test::randn<float>({d, d}, rng, wsd), Wk = oasis::test::randn<float>({d, d}, rng, wsd), Wv = oasis::test::randn<float>({d, d}, rng, wsd),
+                      Wo = oasis::test::randn<float>({d, d}, rng, wsd);
   DepthRoute<float> route;
   Tensor<float> x({T, d}), qr({T, d}), kr({T, d}), vr({T, d}), q({1, H, T, dh}), k({1, H, T, dh}), v({1, H, T, dh}),
       ar({T, d}), y({T, d});

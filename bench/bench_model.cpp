@@ -10,7 +10,7 @@
 
 #include "bench_support.hpp"
 #include "oasis/model/model.hpp"
-#include "oasis_test_random.hpp"
+#include "oasis_random.hpp"
 
 namespace oasis_bench {
 namespace {
@@ -26,8 +26,8 @@ void BM_Layer_model_reference_block(benchmark::State& st) {
   cfg.d_ff = 1024;
   const index_t T = st.range(0), d = cfg.d_model, f = cfg.d_ff, H = cfg.n_heads, dh = d / H;
   const model::Model<float> m = model::Model<float>::initialized(cfg, 5);
-  auto rng = make_rng(400);
-  const Tensor<float> x = randn_f({1, T, d}, rng);
+  auto rng = oasis::test::make_rng(400);
+  const Tensor<float> x = oasis::test::randn<float>({1, T, d}, rng);
   // counted work: q, k, v, o projections, causal attention, SwiGLU (3 d x f products), LM head
   const double flops = 4.0 * 2.0 * T * d * d + static_cast<double>(H) * T * (T + 1) / 2.0 * 4.0 * dh +
                        3.0 * 2.0 * T * d * f + 2.0 * T * d * cfg.vocab_size;

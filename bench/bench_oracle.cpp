@@ -8,7 +8,7 @@
 
 #include "bench_support.hpp"
 #include "oasis/oasis.hpp"
-#include "oasis_test_random.hpp"
+#include "oasis_random.hpp"
 #include "parity_bound.hpp"
 
 namespace oasis_bench {
@@ -87,10 +87,10 @@ std::string validate_attention(const Tensor<float>& q, const Tensor<float>& k, c
 // The mp50 oracle's throughput: token attention (softmax1, causal) in 50-digit arithmetic.
 static void BM_Oracle_mp50_attention(benchmark::State& state) {
   const index_t T = state.range(0), H = 2, d = 32;
-  auto rng = make_rng(11);
-  const Tensor<R> q = randn_f({1, H, T, d}, rng).cast<R>();
-  const Tensor<R> k = randn_f({1, H, T, d}, rng).cast<R>();
-  const Tensor<R> v = randn_f({1, H, T, d}, rng).cast<R>();
+  auto rng = oasis::test::make_rng(11);
+  const Tensor<R> q = oasis::test::randn<float>({1, H, T, d}, rng).cast<R>();
+  const Tensor<R> k = oasis::test::randn<float>({1, H, T, d}, rng).cast<R>();
+  const Tensor<R> v = oasis::test::randn<float>({1, H, T, d}, rng).cast<R>();
   AttentionOptions opt;
   opt.causal = true;
   const double flops = static_cast<double>(H) * static_cast<double>(T * (T + 1) / 2) * 4.0 * d;
@@ -105,8 +105,8 @@ BENCHMARK(BM_Oracle_mp50_attention)->Arg(64)->Unit(benchmark::kMillisecond)->Use
 
 static void BM_Oracle_mp50_row_softmax1(benchmark::State& state) {
   const index_t m = state.range(0);
-  auto rng = make_rng(12);
-  const Tensor<R> z = randn_f({m}, rng).cast<R>();
+  auto rng = oasis::test::make_rng(12);
+  const Tensor<R> z = oasis::test::randn<float>({m}, rng).cast<R>();
   std::vector<R> p(static_cast<std::size_t>(m));
   for (auto _ : state) {
     benchmark::DoNotOptimize(normalize_row(RowNorm::softmax1, z.data(), m, R(0), p.data()));

@@ -1,7 +1,6 @@
 // tests/support/oasis_test.hpp — shared helpers of the test families.
 //
-//  * reproducible random tensors (generated in double, rounded once to T, so that a float test
-//    and its high-precision reference see exactly the same inputs after .cast<R>());
+//  * reproducible random tensors (oasis_random.hpp, shared with the benchmarks);
 //  * comparison against a reference under a per-element bound that reports the count of
 //    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult.
 #pragma once
@@ -16,26 +15,9 @@
 #include <string>
 
 #include "oasis/tensor.hpp"
+#include "oasis_random.hpp"
 
 namespace oasis::test {
-
-inline std::mt19937_64 make_rng(std::uint64_t salt) { return std::mt19937_64(20261129ULL * 1000003ULL + salt); }
-
-template <class T>
-Tensor<T> randn(Shape shape, std::mt19937_64& rng, double sd = 1.0, double mean = 0.0) {
-  std::normal_distribution<double> nd(mean, sd);
-  Tensor<T> t(std::move(shape));
-  for (index_t i = 0; i < t.size(); ++i) t[i] = static_cast<T>(nd(rng));
-  return t;
-}
-
-template <class T>
-Tensor<T> uniform(Shape shape, std::mt19937_64& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> ud(lo, hi);
-  Tensor<T> t(std::move(shape));
-  for (index_t i = 0; i < t.size(); ++i) t[i] = static_cast<T>(ud(rng));
-  return t;
-}
 
 /// Multi-index of a flat offset, for messages.
 inline std::string index_str(const Shape& shape, index_t flat) {

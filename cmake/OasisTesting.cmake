@@ -1,5 +1,8 @@
-# oasis_add_gtest(NAME name SOURCES a.cpp ... [LABELS l1 l2] [LIBS extra...] [TIMEOUT s])
+# oasis_add_gtest(NAME name SOURCES a.cpp ... [LABELS l1 l2] [LIBS extra...] [TIMEOUT s]
+#                 [BASE library] [PREFIX p])
 # One GoogleTest executable (with rapidcheck's GoogleTest integration), discovered by ctest.
+# BASE replaces oasis::oasis (the CUDA emulator's tests link oasis_emu); PREFIX is prepended to
+# the ctest names (the same test source built twice gets distinct names).
 include(GoogleTest)
 find_package(GTest REQUIRED)
 find_package(rapidcheck REQUIRED)
@@ -9,9 +12,12 @@ add_library(oasis_test_support INTERFACE)
 target_include_directories(oasis_test_support INTERFACE ${PROJECT_SOURCE_DIR}/tests/support)
 
 function(oasis_add_gtest)
-  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LABELS;LIBS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TIMEOUT;BASE;PREFIX" "SOURCES;LABELS;LIBS" ${ARGN})
+  if(NOT A_BASE)
+    set(A_BASE oasis::oasis)
+  endif()
   add_executable(${A_NAME} ${A_SOURCES})
-  target_link_libraries(${A_NAME} PRIVATE oasis::oasis oasis_test_support GTest::gtest GTest::gtest_main
+  target_link_libraries(${A_NAME} PRIVATE ${A_BASE} oasis_test_support GTest::gtest GTest::gtest_main
                         rapidcheck rapidcheck_gtest ${A_LIBS})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 600)
@@ -19,6 +25,7 @@ function(oasis_add_gtest)
   gtest_discover_tests(${A_NAME}
     DISCOVERY_TIMEOUT 120
     TEST_LIST ${A_NAME}_TESTS
+    TEST_PREFIX "${A_PREFIX}"
     PROPERTIES TIMEOUT ${A_TIMEOUT})
   # Labels and environment are set after discovery: a list passed through PROPERTIES is split into separate
   # arguments by GoogleTest.cmake (only the first label would survive). The discovery script

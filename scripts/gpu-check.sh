@@ -46,7 +46,7 @@ note "device: $(tail -n +2 "$LOG/device.txt" | head -1)"
 note "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 
 step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOASIS_ENABLE_CUDA=ON \
-  -DOASIS_CUDA_ARCHITECTURES="$ARCHS" -DOASIS_BUILD_TESTS=ON -DOASIS_BUILD_BENCH=ON || { note "configure failed"; exit 1; }
+  -DOASIS_CUDA_ARCHITECTURES="$ARCHS" -DOASIS_BUILD_TESTS=ON -DOASIS_BUILD_BENCH=ON -DOASIS_BUILD_CUDA_EMU=OFF || { note "configure failed"; exit 1; }
 
 TARGETS=(test_cuda_host test_cuda_device test_cuda_parity)
 HAVE_BENCH=0

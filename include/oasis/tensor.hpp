@@ -83,6 +83,9 @@ class Tensor {
 
   /// Element-wise conversion (e.g. float -> high precision for a reference run).
   template <class U> Tensor<U> cast() const {
+    // The default tensor (no shape, no elements: an absent optional argument such as a gain) casts
+    // to the default tensor, not to a rank-0 tensor of one element.
+    if (shape_.empty() && data_.empty()) return Tensor<U>{};
     Tensor<U> out(shape_);
     for (index_t i = 0; i < size(); ++i) out[i] = static_cast<U>((*this)[i]);
     return out;

@@ -25,6 +25,7 @@
 
 #include <cmath>
 
+#include "kernel_launch.hpp"
 #include "launch.hpp"
 #include "online_softmax.hpp"
 
@@ -230,15 +231,15 @@ template <class In>
 int launch_typed(const AttentionLaunch& a, cudaStream_t s) {
   const dim3 grid((a.Tq + kBQ - 1) / kBQ, a.H, a.B);
   if (a.d_h <= 64 && a.d_v <= 64)
-    attention_kernel<In, 64><<<grid, kThreads, 0, s>>>(a);
+    OASIS_LAUNCH(grid, kThreads, s, attention_kernel<In, 64>)(a);
   else
-    attention_kernel<In, 128><<<grid, kThreads, 0, s>>>(a);
+    OASIS_LAUNCH(grid, kThreads, s, attention_kernel<In, 128>)(a);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <class In>
 int launch_probs_typed(const AttentionLaunch& a, float* probs, cudaStream_t s) {
-  probs_kernel<In><<<dim3(a.Tq, a.H, a.B), kThreads, 0, s>>>(a, probs);
+  OASIS_LAUNCH(dim3(a.Tq, a.H, a.B), kThreads, s, probs_kernel<In>)(a, probs);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -267,7 +268,7 @@ int launch_attention_probs(const AttentionLaunch& a, float* probs, CUstream_st* 
 int launch_null_statistic(const float* p_null, int B, int H, int T, float* psi, CUstream_st* stream) {
   const long long count = static_cast<long long>(B) * T;
   const int threads = 256;
-  null_statistic_kernel<<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, stream>>>(
+  OASIS_LAUNCH(static_cast<unsigned>((count + threads - 1) / threads), threads, stream, null_statistic_kernel)(
       p_null, B, H, T, psi);
   return static_cast<int>(cudaGetLastError());
 }

@@ -309,3 +309,24 @@ TEST(Variants, TableOfSpecSection4) {
   }
   EXPECT_THROW(parse_variant("oasis2"), oasis::invalid_argument);
 }
+
+// An absent optional tensor (the default Tensor, e.g. no key gain) stays absent through cast<>():
+// the high-precision reference of a call without a gain is a call without a gain. (Found when
+// the CUDA pseudo-query parity test first ran, on the CUDA emulator: cast<mp50>() of the default
+// tensor used to give a rank-0 tensor of one element, which pseudo_query_logits rejects.)
+TEST(Tensor, DefaultTensorCastsToTheDefaultTensor) {
+  const Tensor<float> none;
+  EXPECT_TRUE(none.empty());
+  const Tensor<R> hp = none.cast<R>();
+  EXPECT_TRUE(hp.empty());
+  EXPECT_EQ(hp.rank(), 0);
+  const Tensor<double> scalar = Tensor<float>(Shape{}, 2.5f).cast<double>();  // a real rank-0 tensor stays one
+  EXPECT_EQ(scalar.size(), 1);
+  EXPECT_EQ(scalar[0], 2.5);
+  std::mt19937_64 rng(5);
+  Tensor<double> S({3, 4, 8});
+  for (index_t i = 0; i < S.size(); ++i) S[i] = std::normal_distribution<double>(0.0, 1.0)(rng);
+  const Tensor<double> w({8}, 0.25);
+  const Tensor<R> g = pseudo_query_logits(S.cast<R>(), w.cast<R>(), Tensor<double>{}.cast<R>());
+  EXPECT_EQ(g.shape(), (Shape{3, 4}));
+}

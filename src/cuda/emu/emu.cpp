@@ -1,0 +1,749 @@
+// src/cuda/emu/emu.cpp — the CUDA emulator: fibers and barriers for the execution model
+// (cuda_runtime.h), the runtime API on host memory (cuda_runtime_api.h), SGEMM (cublas_v2.h) and
+// the 16-bit conversions (cuda_fp16.h, cuda_bf16.h).
+//
+// Fibers switch with a few instructions on x86-64 (callee-saved registers, the stack pointer, the
+// SSE and x87 control words: what the System V ABI asks a call to preserve) and with ucontext
+// elsewhere. Launches are serialised by a mutex: the __shared__ arrays are static, one per kernel.
+//
+// Device memory is host memory with guard bytes on both sides of every allocation (checked at
+// cudaFree) and is filled with NaN bytes (0xFF) when allocated, so an output a kernel never writes
+// reads back as NaN. cudaMemcpy and cudaMemset check that the device side lies inside one live
+// allocation; SGEMM checks its operands the same way.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "oasis/io/dtype.hpp"  // before the emulator's device macros (cuda_runtime.h)
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+// --- context switch ---------------------------------------------------------------------------------
+
+#if defined(__x86_64__)
+// void oasis_emu_switch(void** save_sp, void* load_sp): saves the callee-saved state on the
+// current stack, stores the stack pointer in *save_sp, and resumes the context saved at load_sp.
+asm(R"(
+  .pushsection .text
+  .globl oasis_emu_switch
+  .hidden oasis_emu_switch
+  .type oasis_emu_switch, @function
+oasis_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size oasis_emu_switch, .-oasis_emu_switch
+  .popsection
+)");
+extern "C" void oasis_emu_switch(void** save_sp, void* load_sp);
+#endif
+
+namespace oasis_emu {
+
+const ThreadContext* g_current = nullptr;
+
+namespace {
+
+// --- faults and the error state -----------------------------------------------------------------------
+
+struct ErrorState {
+  cudaError_t last = cudaSuccess;     // returned and cleared by cudaGetLastError
+  cudaError_t pending = cudaSuccess;  // a device fault, returned once by the next synchronising call
+  long long faults = 0;
+  std::string fault_message;
+  std::string fault_text;  // what cudaGetErrorString returns for the fault's code
+  Stats stats;
+};
+ErrorState& err() {
+  static ErrorState e;
+  return e;
+}
+std::mutex& launch_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+void record_fault(cudaError_t code, const std::string& message) {
+  ErrorState& e = err();
+  ++e.faults;
+  e.fault_message = message;
+  e.last = code;
+  e.pending = code;
+  std::fprintf(stderr, "oasis CUDA emulator: %s\n", message.c_str());
+}
+
+cudaError_t set_last(cudaError_t code) {
+  if (code != cudaSuccess) err().last = code;
+  return code;
+}
+
+/// A synchronising call returns a pending device fault once.
+cudaError_t take_pending() {
+  ErrorState& e = err();
+  const cudaError_t p = e.pending;
+  e.pending = cudaSuccess;
+  return p;
+}
+
+// --- fibers -------------------------------------------------------------------------------------
+
+constexpr std::size_t kStackBytes = 256 * 1024;
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxGridYZ = 65535;
+constexpr unsigned long long kMaxGridX = 2147483647ull;
+
+enum class State { runnable, at_block_barrier, at_warp_barrier, finished };
+
+struct Fiber {
+  void* sp = nullptr;
+  char* stack = nullptr;  // lowest usable byte (a guard page lies below)
+#if !defined(__x86_64__)
+  ucontext_t uc;
+#endif
+  ThreadContext ctx{};
+  int linear = 0, warp = 0, lane = 0;
+  State state = State::finished;
+  unsigned long long collectives = 0;  // warp collectives done: the parity picks the exchange buffer
+};
+
+struct Warp {
+  std::uint64_t slot[2][32] = {};
+  unsigned live = 0;     // lanes that exist and have not exited
+  unsigned arrived = 0;  // lanes waiting in the current collective
+  unsigned mask = 0;     // the mask of the current collective
+};
+
+struct Block {
+  std::vector<Fiber>* fibers = nullptr;
+  int nthreads = 0, live = 0, at_barrier = 0;
+  std::vector<Warp> warps;
+  bool fault = false;
+  std::string fault_message;
+};
+
+struct Scheduler {
+  std::vector<Fiber> fibers;  // stacks are kept from launch to launch
+  Block block;
+  Fiber* running = nullptr;
+  void* sched_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t sched_uc;
+#endif
+  const std::function<void()>* body = nullptr;
+  const char* kernel = "";
+  Schedule order = Schedule::forward;
+  std::mt19937 rng{1};
+  std::vector<int> pass;  // the order of one pass over the block's threads
+};
+
+Schedule schedule_from_environment(unsigned* seed) {
+  const char* v = std::getenv("OASIS_EMU_SCHEDULE");
+  const std::string s = v ? v : "";
+  if (s == "reverse") return Schedule::reverse;
+  if (s.rfind("random", 0) == 0) {
+    if (s.size() > 7 && s[6] == ':') *seed = static_cast<unsigned>(std::strtoul(s.c_str() + 7, nullptr, 10));
+    return Schedule::random;
+  }
+  return Schedule::forward;
+}
+
+Scheduler& sched() {
+  static Scheduler s = [] {
+    Scheduler init;
+    unsigned seed = 1;
+    init.order = schedule_from_environment(&seed);
+    init.rng.seed(seed);
+    return init;
+  }();
+  return s;
+}
+
+char* allocate_stack() {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  mprotect(p, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
+  return static_cast<char*>(p) + page;
+}
+
+void switch_to_scheduler(Fiber* f) {
+  Scheduler& s = sched();
+#if defined(__x86_64__)
+  oasis_emu_switch(&f->sp, s.sched_sp);
+#else
+  swapcontext(&f->uc, &s.sched_uc);
+#endif
+}
+
+void resume(Fiber* f) {
+  Scheduler& s = sched();
+  s.running = f;
+  g_current = &f->ctx;
+  ++err().stats.switches;
+#if defined(__x86_64__)
+  oasis_emu_switch(&s.sched_sp, f->sp);
+#else
+  swapcontext(&s.sched_uc, &f->uc);
+#endif
+}
+
+std::string where(const Fiber& f) {
+  std::ostringstream o;
+  o << "thread (" << f.ctx.thread_idx.x << "," << f.ctx.thread_idx.y << "," << f.ctx.thread_idx.z << ") of block ("
+    << f.ctx.block_idx.x << "," << f.ctx.block_idx.y << "," << f.ctx.block_idx.z << ")";
+  return o.str();
+}
+
+/// Stops the calling fiber for good: the block is abandoned and the launch reports the fault.
+[[noreturn]] void device_fault(const std::string& what) {
+  Scheduler& s = sched();
+  Fiber* f = s.running;
+  if (!s.block.fault) {
+    s.block.fault = true;
+    s.block.fault_message = std::string(s.kernel) + ": " + where(*f) + ": " + what;
+  }
+  f->state = State::finished;
+  switch_to_scheduler(f);
+  std::abort();  // never resumed
+}
+
+void wait_here(Fiber* f, State st) {
+  f->state = st;
+  switch_to_scheduler(f);
+}
+
+void thread_exit(Fiber* f) {
+  Block& b = sched().block;
+  Warp& w = b.warps[static_cast<std::size_t>(f->warp)];
+  --b.live;
+  w.live &= ~(1u << f->lane);
+  if (b.at_barrier > 0)
+    device_fault("exited while " + std::to_string(b.at_barrier) +
+                 " threads of the block wait at __syncthreads() (they would never be released)");
+  if (w.arrived != 0 && (w.mask >> f->lane & 1u))
+    device_fault("exited while lanes of its warp wait for it in a warp collective (__shfl_sync mask " +
+                 std::to_string(w.mask) + ")");
+}
+
+extern "C" void fiber_main() {
+  Scheduler& s = sched();
+  Fiber* f = s.running;
+  std::string error;
+  try {
+    (*s.body)();
+  } catch (const std::exception& e) {
+    error = std::string("exception in device code: ") + e.what();
+  } catch (...) {
+    error = "unknown exception in device code";
+  }
+  if (!error.empty()) device_fault(error);  // outside the handler: no live exception across a switch
+  thread_exit(f);
+  f->state = State::finished;
+  switch_to_scheduler(f);
+  std::abort();  // never resumed
+}
+
+#if defined(__x86_64__)
+/// The initial stack of a fiber, as oasis_emu_switch leaves one: control words, six callee-saved
+/// registers, then fiber_main as the return address, entered with rsp = 8 mod 16 as after a call.
+void prepare(Fiber& f) {
+  auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStackBytes) & ~std::uintptr_t{15};
+  auto* p = reinterpret_cast<std::uint64_t*>(top);
+  *--p = 0;                                                     // fiber_main's (absent) return address
+  *--p = reinterpret_cast<std::uint64_t>(&fiber_main);          // popped by ret
+  for (int i = 0; i < 6; ++i) *--p = 0;                         // rbp rbx r12 r13 r14 r15
+  std::uint32_t mxcsr = 0;
+  std::uint16_t fpucw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  *--p = static_cast<std::uint64_t>(mxcsr) | (static_cast<std::uint64_t>(fpucw) << 32);
+  f.sp = p;
+}
+#else
+void prepare(Fiber& f) {
+  getcontext(&f.uc);
+  f.uc.uc_stack.ss_sp = f.stack;
+  f.uc.uc_stack.ss_size = kStackBytes;
+  f.uc.uc_link = nullptr;
+  makecontext(&f.uc, reinterpret_cast<void (*)()>(&fiber_main), 0);
+}
+#endif
+
+std::string deadlock_message(const Block& b) {
+  int at_block = 0, at_warp = 0;
+  for (const Fiber& f : *b.fibers) {
+    if (f.state == State::at_block_barrier) ++at_block;
+    if (f.state == State::at_warp_barrier) ++at_warp;
+  }
+  const Fiber* first = nullptr;
+  for (const Fiber& f : *b.fibers)
+    if (f.state != State::finished) { first = &f; break; }
+  std::ostringstream o;
+  o << "deadlock in block (" << (first ? first->ctx.block_idx.x : 0) << "," << (first ? first->ctx.block_idx.y : 0)
+    << "," << (first ? first->ctx.block_idx.z : 0) << "): " << at_block << " threads wait at __syncthreads(), "
+    << at_warp << " lanes wait in warp collectives, " << b.live << " threads alive";
+  return o.str();
+}
+
+/// Runs one block to completion; false on a fault (message in the block).
+bool run_block(Scheduler& s, const uint3& bidx, dim3 grid, dim3 blockdim) {
+  const int n = static_cast<int>(blockdim.x * blockdim.y * blockdim.z);
+  Block& b = s.block;
+  b = Block{};
+  b.fibers = &s.fibers;
+  b.nthreads = n;
+  b.live = n;
+  b.warps.assign(static_cast<std::size_t>((n + 31) / 32), Warp{});
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = s.fibers[static_cast<std::size_t>(i)];
+    f.linear = i;
+    f.warp = i / 32;
+    f.lane = i % 32;
+    f.ctx.thread_idx = uint3{static_cast<unsigned>(i) % blockdim.x, (static_cast<unsigned>(i) / blockdim.x) % blockdim.y,
+                             static_cast<unsigned>(i) / (blockdim.x * blockdim.y)};
+    f.ctx.block_idx = bidx;
+    f.ctx.block_dim = blockdim;
+    f.ctx.grid_dim = grid;
+    f.state = State::runnable;
+    f.collectives = 0;
+    b.warps[static_cast<std::size_t>(f.warp)].live |= 1u << f.lane;
+    prepare(f);
+  }
+  s.pass.resize(static_cast<std::size_t>(n));
+  std::iota(s.pass.begin(), s.pass.end(), 0);
+  if (s.order == Schedule::reverse) std::reverse(s.pass.begin(), s.pass.end());
+  for (;;) {
+    bool progressed = false;
+    if (s.order == Schedule::random) std::shuffle(s.pass.begin(), s.pass.end(), s.rng);
+    for (const int i : s.pass) {
+      Fiber& f = s.fibers[static_cast<std::size_t>(i)];
+      if (f.state != State::runnable) continue;
+      resume(&f);
+      progressed = true;
+      if (b.fault) return false;
+    }
+    if (b.live == 0) return true;
+    if (!progressed) {
+      b.fault = true;
+      b.fault_message = std::string(s.kernel) + ": " + deadlock_message(b);
+      return false;
+    }
+  }
+}
+
+}  // namespace
+
+// --- the execution model -------------------------------------------------------------------------------
+
+void syncthreads() {
+  Scheduler& s = sched();
+  Block& b = s.block;
+  Fiber* f = s.running;
+  if (b.live != b.nthreads)
+    device_fault("__syncthreads() reached after " + std::to_string(b.nthreads - b.live) +
+                 " threads of the block exited (undefined behaviour on the device)");
+  if (++b.at_barrier == b.live) {
+    b.at_barrier = 0;
+    for (Fiber& o : *b.fibers)
+      if (o.state == State::at_block_barrier) o.state = State::runnable;
+    return;
+  }
+  wait_here(f, State::at_block_barrier);
+}
+
+int lane_id() { return sched().running->lane; }
+
+std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
+  Scheduler& s = sched();
+  Fiber* f = s.running;
+  Warp& w = s.block.warps[static_cast<std::size_t>(f->warp)];
+  const unsigned me = 1u << f->lane;
+  if (!(mask & me)) device_fault("calls a warp collective with a mask that does not name its own lane");
+  if ((mask & w.live) != mask)
+    device_fault("warp collective mask names lanes that have exited or do not exist (mask " + std::to_string(mask) +
+                 ", live " + std::to_string(w.live) + ")");
+  if (src_lane < 0 || src_lane > 31 || !(mask >> src_lane & 1u))
+    device_fault("reads lane " + std::to_string(src_lane) + ", which is not in the collective's mask");
+  if (w.arrived == 0)
+    w.mask = mask;
+  else if (w.mask != mask)
+    device_fault("lanes of one warp call a collective with different masks");
+  // Double buffering: a lane cannot start collective c + 2 before every lane has left c + 1,
+  // hence finished reading the buffer of c.
+  const unsigned buf = static_cast<unsigned>(f->collectives++ & 1u);
+  w.slot[buf][f->lane] = value;
+  w.arrived |= me;
+  if (w.arrived == mask) {
+    w.arrived = 0;
+    for (Fiber& o : *s.block.fibers)
+      if (o.warp == f->warp && o.state == State::at_warp_barrier) o.state = State::runnable;
+  } else {
+    wait_here(f, State::at_warp_barrier);
+  }
+  return w.slot[buf][src_lane];
+}
+
+void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(launch_mutex());
+  const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > kMaxGridX || grid.y > kMaxGridYZ ||
+      grid.z > kMaxGridYZ || nthreads == 0 || nthreads > kMaxThreadsPerBlock || block.z > 64) {
+    set_last(cudaErrorInvalidConfiguration);
+    return;
+  }
+  Scheduler& s = sched();
+  while (s.fibers.size() < nthreads) {
+    Fiber f;
+    f.stack = allocate_stack();
+    if (!f.stack) {
+      set_last(cudaErrorMemoryAllocation);
+      return;
+    }
+    s.fibers.push_back(f);
+  }
+  s.body = &body;
+  s.kernel = kernel;
+  ErrorState& e = err();
+  ++e.stats.launches;
+  const ThreadContext* saved = g_current;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        ++e.stats.blocks;
+        e.stats.threads += static_cast<long long>(nthreads);
+        if (!run_block(s, uint3{x, y, z}, grid, block)) {
+          g_current = saved;
+          record_fault(cudaErrorLaunchFailure, s.block.fault_message);
+          return;
+        }
+      }
+  g_current = saved;
+}
+
+// --- 16-bit conversions (exact widening, one rounding to nearest even) ------------------------------
+
+float half_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::half_bits_to_double(bits)); }
+std::uint16_t float_to_half_bits(float x) { return oasis::io::double_to_half_bits(x); }
+float bf16_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::bf16_bits_to_double(bits)); }
+std::uint16_t float_to_bf16_bits(float x) { return oasis::io::double_to_bf16_bits(x); }
+
+void set_schedule(Schedule order, unsigned seed) {
+  std::lock_guard<std::mutex> lock(launch_mutex());
+  sched().order = order;
+  sched().rng.seed(seed);
+}
+Schedule schedule() { return sched().order; }
+
+long long fault_count() { return err().faults; }
+std::string last_fault() { return err().fault_message; }
+Stats stats() { return err().stats; }
+
+}  // namespace oasis_emu
+
+// --- device memory ---------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t kGuard = 64;
+constexpr unsigned char kGuardByte = 0xA5;
+
+struct Allocation {
+  unsigned char* raw;
+  std::size_t bytes;
+};
+std::map<std::uintptr_t, Allocation>& allocations() {
+  static std::map<std::uintptr_t, Allocation> m;
+  return m;
+}
+std::mutex& memory_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/// True if [p, p + bytes) lies inside one live allocation.
+bool in_device_memory(const void* p, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto& m = allocations();
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
+  --it;
+  return a >= it->first && a - it->first <= it->second.bytes && bytes <= it->second.bytes - (a - it->first);
+}
+
+}  // namespace
+
+using oasis_emu::err;
+using oasis_emu::set_last;
+using oasis_emu::take_pending;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return set_last(cudaErrorInvalidValue);
+  if (const char* v = std::getenv("OASIS_EMU_NO_DEVICE"); v && *v && std::string(v) != "0") {
+    *count = 0;
+    return set_last(cudaErrorNoDevice);
+  }
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return set_last(cudaErrorInvalidValue);
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : set_last(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop) return set_last(cudaErrorInvalidValue);
+  if (device != 0) return set_last(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "%s", "oasis CUDA emulator (host CPU)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = std::size_t{1} << 34;
+  prop->multiProcessorCount = 1;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return set_last(take_pending()); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return set_last(take_pending()); }
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = err().last;
+  err().last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return err().last; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (OASIS_EMU_NO_DEVICE is set)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure: {
+      auto& e2 = err();
+      e2.fault_text = std::string(e == cudaErrorIllegalAddress ? "an illegal memory access was encountered"
+                                                               : "unspecified launch failure") +
+                      " (emulator: " + e2.fault_message + ")";
+      return e2.fault_text.c_str();
+    }
+  }
+  return "unknown error";
+}
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
+  if (!ptr) return set_last(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  auto* raw = static_cast<unsigned char*>(std::malloc(bytes + 2 * kGuard));
+  if (!raw) return set_last(cudaErrorMemoryAllocation);
+  std::memset(raw, kGuardByte, kGuard);
+  std::memset(raw + kGuard, 0xFF, bytes);  // NaN in every float lane: unwritten outputs show
+  std::memset(raw + kGuard + bytes, kGuardByte, kGuard);
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  allocations()[reinterpret_cast<std::uintptr_t>(raw + kGuard)] = Allocation{raw, bytes};
+  *ptr = raw + kGuard;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto it = allocations().find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocations().end()) return set_last(cudaErrorInvalidDevicePointer);
+  const Allocation a = it->second;
+  allocations().erase(it);
+  std::size_t below = 0, above = 0;
+  for (std::size_t i = 0; i < kGuard; ++i) {
+    below += a.raw[i] != kGuardByte;
+    above += a.raw[kGuard + a.bytes + i] != kGuardByte;
+  }
+  std::free(a.raw);
+  if (below || above) {
+    oasis_emu::record_fault(cudaErrorIllegalAddress,
+                            "cudaFree: a write outside an allocation of " + std::to_string(a.bytes) + " bytes (" +
+                                std::to_string(below) + " guard bytes below, " + std::to_string(above) +
+                                " above were overwritten)");
+    return cudaErrorIllegalAddress;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (const cudaError_t p = take_pending(); p != cudaSuccess) return set_last(p);
+  if (bytes == 0) return cudaSuccess;
+  if (!dst || !src) return set_last(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  const bool dst_dev = in_device_memory(dst, bytes), src_dev = in_device_memory(src, bytes);
+  bool ok = false;
+  switch (kind) {
+    case cudaMemcpyHostToHost: ok = true; break;
+    case cudaMemcpyHostToDevice: ok = dst_dev; break;
+    case cudaMemcpyDeviceToHost: ok = src_dev; break;
+    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+    case cudaMemcpyDefault: ok = true; break;
+    default: return set_last(cudaErrorInvalidMemcpyDirection);
+  }
+  if (!ok) return set_last(cudaErrorInvalidValue);  // the device range is not inside one allocation
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  if (!in_device_memory(ptr, bytes)) return set_last(cudaErrorInvalidValue);
+  std::memset(ptr, value, bytes);
+  return cudaSuccess;
+}
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point t;
+  bool recorded = false;
+};
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  if (!event) return set_last(cudaErrorInvalidValue);
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  if (!event) return set_last(cudaErrorInvalidResourceHandle);
+  event->t = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event ? set_last(take_pending()) : set_last(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end || !start->recorded || !end->recorded) return set_last(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->t - start->t).count();
+  return cudaSuccess;
+}
+
+// --- cuBLAS SGEMM -------------------------------------------------------------------------------------------
+
+struct cublasContext {
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t) {
+  return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                           const float* beta, float* C, int ldc) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  // cuBLAS's argument rules: sizes >= 0; leading dimensions cover the stored rows.
+  if (m < 0 || n < 0 || k < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  if (lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  // Stored extents (column-major): A is (ta ? k : m) x (ta ? m : k) with leading dimension lda.
+  auto extent = [](long long rows, long long cols, long long ld) { return (cols - 1) * ld + rows; };
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex());
+    const bool ok_a = k == 0 || in_device_memory(A, sizeof(float) * extent(ta ? k : m, ta ? m : k, lda));
+    const bool ok_b = k == 0 || in_device_memory(B, sizeof(float) * extent(tb ? n : k, tb ? k : n, ldb));
+    const bool ok_c = in_device_memory(C, sizeof(float) * extent(m, n, ldc));
+    if (!ok_a || !ok_b || !ok_c) {
+      oasis_emu::record_fault(cudaErrorIllegalAddress,
+                              std::string("cublasSgemm: operand ") + (!ok_a ? "A" : !ok_b ? "B" : "C") +
+                                  " does not lie inside one device allocation (m = " + std::to_string(m) +
+                                  ", n = " + std::to_string(n) + ", k = " + std::to_string(k) + ")");
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+  }
+  const float a = *alpha, b = *beta;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      for (int l = 0; l < k; ++l) {
+        const float x = ta ? A[l + static_cast<long long>(i) * lda] : A[i + static_cast<long long>(l) * lda];
+        const float y = tb ? B[j + static_cast<long long>(l) * ldb] : B[l + static_cast<long long>(j) * ldb];
+        acc = std::fma(x, y, acc);
+      }
+      float& c = C[i + static_cast<long long>(j) * ldc];
+      c = b == 0.0f ? a * acc : a * acc + b * c;  // beta = 0: C is not read (it may hold NaN)
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -37,6 +37,17 @@
 #include <ucontext.h>
 #endif
 
+// Under AddressSanitizer (the oasis_emu_asan build) every stack switch is announced, so that ASan
+// knows which stack is live, and device allocations carry no guard bytes of their own: ASan's
+// redzones then report any out-of-bounds read or write of a kernel where it happens.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define OASIS_EMU_ASAN 1
+#else
+#define OASIS_EMU_ASAN 0
+#endif
+
 // --- context switch ---------------------------------------------------------------------------------
 
 #if defined(__x86_64__)
@@ -141,6 +152,7 @@ struct Fiber {
   int linear = 0, warp = 0, lane = 0;
   State state = State::finished;
   unsigned long long collectives = 0;  // warp collectives done: the parity picks the exchange buffer
+  void* asan_fake_stack = nullptr;
 };
 
 struct Warp {
@@ -170,6 +182,9 @@ struct Scheduler {
   const char* kernel = "";
   Schedule order = Schedule::forward;
   std::mt19937 rng{1};
+  void* asan_fake_stack = nullptr;           // the scheduler's, while a fiber runs
+  const void* asan_stack_bottom = nullptr;   // the scheduler's stack, learnt at a fiber's first entry
+  std::size_t asan_stack_size = 0;
   std::vector<int> pass;  // the order of one pass over the block's threads
 };
 
@@ -203,12 +218,21 @@ char* allocate_stack() {
   return static_cast<char*>(p) + page;
 }
 
-void switch_to_scheduler(Fiber* f) {
+/// From a fiber back to the scheduler; `final`: the fiber will never be resumed.
+void switch_to_scheduler(Fiber* f, bool final = false) {
   Scheduler& s = sched();
+#if OASIS_EMU_ASAN
+  __sanitizer_start_switch_fiber(final ? nullptr : &f->asan_fake_stack, s.asan_stack_bottom, s.asan_stack_size);
+#else
+  (void)final;
+#endif
 #if defined(__x86_64__)
   oasis_emu_switch(&f->sp, s.sched_sp);
 #else
   swapcontext(&f->uc, &s.sched_uc);
+#endif
+#if OASIS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f->asan_fake_stack, nullptr, nullptr);
 #endif
 }
 
@@ -217,10 +241,16 @@ void resume(Fiber* f) {
   s.running = f;
   g_current = &f->ctx;
   ++err().stats.switches;
+#if OASIS_EMU_ASAN
+  __sanitizer_start_switch_fiber(&s.asan_fake_stack, f->stack, kStackBytes);
+#endif
 #if defined(__x86_64__)
   oasis_emu_switch(&s.sched_sp, f->sp);
 #else
   swapcontext(&s.sched_uc, &f->uc);
+#endif
+#if OASIS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(s.asan_fake_stack, nullptr, nullptr);
 #endif
 }
 
@@ -240,7 +270,7 @@ std::string where(const Fiber& f) {
     s.block.fault_message = std::string(s.kernel) + ": " + where(*f) + ": " + what;
   }
   f->state = State::finished;
-  switch_to_scheduler(f);
+  switch_to_scheduler(f, true);
   std::abort();  // never resumed
 }
 
@@ -264,6 +294,9 @@ void thread_exit(Fiber* f) {
 
 extern "C" void fiber_main() {
   Scheduler& s = sched();
+#if OASIS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &s.asan_stack_bottom, &s.asan_stack_size);
+#endif
   Fiber* f = s.running;
   std::string error;
   try {
@@ -276,7 +309,7 @@ extern "C" void fiber_main() {
   if (!error.empty()) device_fault(error);  // outside the handler: no live exception across a switch
   thread_exit(f);
   f->state = State::finished;
-  switch_to_scheduler(f);
+  switch_to_scheduler(f, true);
   std::abort();  // never resumed
 }
 
@@ -284,6 +317,9 @@ extern "C" void fiber_main() {
 /// The initial stack of a fiber, as oasis_emu_switch leaves one: control words, six callee-saved
 /// registers, then fiber_main as the return address, entered with rsp = 8 mod 16 as after a call.
 void prepare(Fiber& f) {
+#if OASIS_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(f.stack, kStackBytes);  // redzones left by the fiber's previous life
+#endif
   auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStackBytes) & ~std::uintptr_t{15};
   auto* p = reinterpret_cast<std::uint64_t*>(top);
   *--p = 0;                                                     // fiber_main's (absent) return address
@@ -481,7 +517,7 @@ Stats stats() { return err().stats; }
 
 namespace {
 
-constexpr std::size_t kGuard = 64;
+constexpr std::size_t kGuard = OASIS_EMU_ASAN ? 0 : 64;
 constexpr unsigned char kGuardByte = 0xA5;
 
 struct Allocation {

@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -87,6 +88,29 @@ AttentionShape shape_of(const Tensor<float>& q, const Tensor<float>& k, const Te
   return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
 }
 
+// The errors the reference's normalize_row raises on a row (argument "scores"), reported after the
+// parallel region (no exception may leave it) for the first failing row in the reference's loop
+// order (b, h, t): a visible score NaN or +inf (the kernel marked the row with LSE = NaN), or,
+// for plain softmax with MaskedRow::error, a row without a finite visible score (LSE = -inf: no
+// visible key, or every visible score -inf, which the reference treats as masked).
+void check_rows(const AttentionShape& s, const AttentionOptions& opt, const AttentionResult<float>& r,
+                bool scores_ok) {
+  const bool empty_is_error = opt.normalizer == RowNorm::softmax && opt.masked_row == MaskedRow::error;
+  if (scores_ok && !empty_is_error) return;
+  const float* lse = r.lse.data();
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h)
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const float l = lse[(b * s.H + h) * s.Tq + t];
+        OASIS_REQUIRE(!std::isnan(l), "scores", "a score q.k * scale overflowed to NaN or +inf (batch ", b,
+                      ", head ", h, ", query ", t, "; the inputs are too large for float32 scores; "
+                      "NaN and +inf are not allowed, mask with -inf)");
+        if (empty_is_error)
+          OASIS_REQUIRE(!(std::isinf(l) && l < 0), "scores", "plain ", to_string(opt.normalizer),
+                        " on a fully masked row (no visible key) and MaskedRow::error was requested");
+      }
+}
+
 // Arguments already validated (check_attention_args).
 void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const AttentionOptions& opt, AttentionResult<float>& r) {
@@ -98,11 +122,6 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
     return;
   }
   const bool has_null = opt.normalizer == RowNorm::softmax1;
-  if (!has_null && opt.masked_row == MaskedRow::error)  // the reference throws on such a row
-    for (index_t b = 0; b < s.B; ++b)
-      for (index_t t = 0; t < s.Tq; ++t)
-        OASIS_REQUIRE(visible_keys(s, opt, b, t) > 0, "scores",
-                      "plain softmax on a fully masked row (no visible key) and MaskedRow::error was requested");
 
   const Kernels& K = active();
   const index_t W = K.lanes;
@@ -147,7 +166,8 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
 
   const index_t nqb = (s.Tq + kBq - 1) / kBq;
   const index_t tasks = s.B * s.H * nqb;
-#pragma omp parallel
+  bool scores_ok = true;  // false: some visible score is NaN or +inf (its row is marked NaN)
+#pragma omp parallel reduction(&& : scores_ok)
   {
     float* w = grow(tl_tile, static_cast<std::size_t>(kBq * kBk + kBq * ldv + 2 * kBq));
 #pragma omp for schedule(dynamic, 1)
@@ -178,9 +198,10 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
       a.p_null = r.p_null.data() + row0;
       a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
       a.ldp = s.Tk;
-      K.attention_block(a);
+      scores_ok = K.attention_block(a) && scores_ok;
     }
   }
+  check_rows(s, opt, r, scores_ok);
 }
 
 void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,

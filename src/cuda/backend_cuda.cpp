@@ -239,6 +239,15 @@ AttentionResult<float> run_attention(InType type, const void* q, const void* k, 
   dlse.download(r.lse.data());
   dpn.download(r.p_null.data());
   check(cudaDeviceSynchronize(), "attention kernels");
+  // A row whose visible scores all overflowed to -inf is fully masked (LSE = -inf), as in
+  // normalize_row; with MaskedRow::error plain softmax rejects it like a row without visible keys.
+  if (opt.normalizer == RowNorm::softmax && opt.masked_row == MaskedRow::error)
+    for (index_t b = 0; b < s.B; ++b)
+      for (index_t h = 0; h < s.H; ++h)
+        for (index_t t = 0; t < s.Tq; ++t)
+          OASIS_REQUIRE(!(std::isinf(r.lse(b, h, t)) && r.lse(b, h, t) < 0), "scores",
+                        "plain softmax on a fully masked row (batch ", b, ", head ", h, ", query ", t,
+                        ": every visible score q.k * scale overflowed to -inf) and MaskedRow::error was requested");
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,6 +128,36 @@ TEST(CudaDeviceApi, OverflowedScoresAreRejectedLikeTheReference) {
       ADD_FAILURE() << to_string(b) << ": overflowed scores were accepted";
     } catch (const invalid_argument& e) {
       EXPECT_EQ(e.argument(), "scores") << to_string(b) << ": " << e.what();
+    }
+  }
+}
+
+// A row whose visible scores all overflow to -inf is a fully masked row, as in the reference:
+// plain softmax gives the documented zero with MaskedRow::zero and throws "scores" with
+// MaskedRow::error (the host cannot see it before the launch: every key of the row is visible).
+TEST(CudaDeviceApi, RowOfNegativeInfiniteScoresIsAFullyMaskedRow) {
+  OASIS_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng = make_rng(17);
+  Tensor<float> q = randn<float>({1, 1, 4, 64}, rng), k({1, 1, 6, 64}, 1e20f);
+  const Tensor<float> v = randn<float>({1, 1, 6, 64}, rng);
+  for (index_t c = 0; c < 64; ++c) q(0, 0, 2, c) = -1e20f;  // query 2: every product is -1e40 -> -inf
+  AttentionOptions opt;
+  opt.normalizer = RowNorm::softmax;
+  opt.scale = 1.0;
+  opt.masked_row = MaskedRow::zero;
+  const AttentionResult<float> ref = token_attention(Backend::reference, q, k, v, opt);
+  const AttentionResult<float> got = token_attention(Backend::cuda, q, k, v, opt);
+  EXPECT_EQ(got.lse(0, 0, 2), -std::numeric_limits<float>::infinity());
+  for (index_t c = 0; c < 64; ++c) EXPECT_EQ(got.out(0, 0, 2, c), 0.0f) << c;
+  EXPECT_EQ(ref.lse(0, 0, 2), got.lse(0, 0, 2));
+  opt.masked_row = MaskedRow::error;
+  for (const Backend b : {Backend::reference, Backend::cuda}) {
+    try {
+      token_attention(b, q, k, v, opt);
+      ADD_FAILURE() << to_string(b) << ": a row of -inf scores was accepted with MaskedRow::error";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "scores") << to_string(b) << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("fully masked row"), std::string::npos) << e.what();
     }
   }
 }

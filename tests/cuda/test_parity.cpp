@@ -3,6 +3,7 @@
 // that is not available in this process skips with its reason. The rule (parity_rule.hpp):
 // |x - x_hp| <= 2 |x_ref - x_hp| + b, b the derived float bound of oasis/error_bounds.hpp.
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 
 #include <cmath>
 #include <functional>
@@ -115,6 +116,63 @@ TEST_P(BackendParity, LongSequence8kKeys) {
   in.opt.return_probs = false;
   const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
   expect_attention_parity<long double>(got, in);
+}
+
+// Random shapes: every fast backend available in this process (cpu_fast, cuda) on instances
+// drawn over the kernels' tiling edges — Tq not a multiple of the 16-query block, Tk not a
+// multiple of the 32-key tile, head sizes 1..128 on both sides of the 64/128 tiles, d_v != d_h,
+// GQA groups, bottom-right causal with Tq > Tk, padding lengths 0..Tk (fully masked rows), both
+// normalisers, null logits, extreme logits (q scaled by 40). Oracle: long double (u = 2^-64);
+// rule: parity_rule.hpp. Fully masked rows must be exact.
+std::string random_case_violation(Backend backend, const AttentionInputs& in) {
+  const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
+  const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, in.opt);
+  AttentionOptions hp_opt = in.opt;
+  hp_opt.return_probs = true;
+  const AttentionResult<long double> hp =
+      token_attention(in.q.cast<long double>(), in.k.cast<long double>(), in.v.cast<long double>(), hp_opt);
+  const bounds::AttentionBounds b = bounds::attention_bounds(in.q, in.k, in.v, in.opt, hp);
+  std::vector<::testing::AssertionResult> checks = {
+      within_twice_reference("out", got.out, ref.out, hp.out, b.out),
+      within_twice_reference("lse", got.lse, ref.lse, hp.lse, b.lse),
+      within_twice_reference("p_null", got.p_null, ref.p_null, hp.p_null, b.p_null), masked_rows_exact(got, in)};
+  if (in.opt.return_probs) checks.push_back(within_twice_reference("probs", got.probs, ref.probs, hp.probs, b.probs));
+  for (const auto& r : checks)
+    if (!r) return r.message();
+  return "";
+}
+
+RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
+  AttentionCase c;
+  c.name = "random";
+  c.B = *rc::gen::inRange<index_t>(1, 3);
+  c.H_kv = *rc::gen::inRange<index_t>(1, 3);
+  c.H = c.H_kv * *rc::gen::inRange<index_t>(1, 4);
+  c.Tq = *rc::gen::inRange<index_t>(1, 49);
+  c.Tk = *rc::gen::inRange<index_t>(1, 101);
+  c.d_h = *rc::gen::inRange<index_t>(1, 129);
+  c.d_v = *rc::gen::arbitrary<bool>() ? c.d_h : *rc::gen::inRange<index_t>(1, 129);
+  c.normalizer = *rc::gen::element(RowNorm::softmax1, RowNorm::softmax);
+  c.causal = *rc::gen::arbitrary<bool>();
+  if (*rc::gen::arbitrary<bool>())
+    for (index_t b = 0; b < c.B; ++b) c.key_lengths.push_back(*rc::gen::inRange<index_t>(0, c.Tk + 1));
+  c.null_logits = c.normalizer == RowNorm::softmax1 && *rc::gen::arbitrary<bool>();
+  c.q_scale = *rc::gen::element(1.0, 8.0, 40.0);
+  c.probs = *rc::gen::arbitrary<bool>();
+  const AttentionInputs in = make_inputs(c, *rc::gen::inRange<std::uint64_t>(0, 1u << 30));
+  int ran = 0;
+  for (const Backend backend : kBackends) {
+    if (backend == Backend::reference || !backend_available(backend)) continue;
+    ++ran;
+    const std::string v = random_case_violation(backend, in);
+    if (!v.empty())
+      RC_FAIL(std::string(to_string(backend)) + " [B H H_kv Tq Tk d_h d_v] = [" + std::to_string(c.B) + " " +
+              std::to_string(c.H) + " " + std::to_string(c.H_kv) + " " + std::to_string(c.Tq) + " " +
+              std::to_string(c.Tk) + " " + std::to_string(c.d_h) + " " + std::to_string(c.d_v) + "] " +
+              std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + ": " + v);
+  }
+  RC_ASSERT(ran > 0);  // a fast backend is always available (cpu_fast, or the emulated cuda)
+  RC_TAG(std::string(to_string(c.normalizer)));
 }
 
 // Invalid input gets the reference's error (same argument named) on every backend.

@@ -44,6 +44,9 @@ void release_workspaces();
 void vector_exp(const float* x, float* y, index_t n);
 
 /// Token attention into `r` (its tensors are reshaped, reusing storage when the size matches).
+/// As the reference, a visible score scale * q.k that overflows float32 to NaN or +inf throws
+/// oasis::invalid_argument naming "scores" (the message names the first such row's batch, head and
+/// query); a visible -inf score is a masked key. `r` is then left partly written.
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r);
 /// token_attention_into with a fresh result.

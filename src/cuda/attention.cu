@@ -229,7 +229,7 @@ __global__ void null_statistic_kernel(const float* p_null, int B, int H, int T, 
 
 template <class In>
 int launch_typed(const AttentionLaunch& a, cudaStream_t s) {
-  const dim3 grid((a.Tq + kBQ - 1) / kBQ, a.H, a.B);
+  const dim3 grid(static_cast<unsigned>((static_cast<long long>(a.Tq) + kBQ - 1) / kBQ), a.H, a.B);
   if (a.d_h <= 64 && a.d_v <= 64)
     OASIS_LAUNCH(grid, kThreads, s, attention_kernel<In, 64>)(a);
   else

@@ -156,14 +156,15 @@ int launch_rope(float* x, int N, int T, int H, int dh, bool interleaved, const f
   const long long count = static_cast<long long>(N) * H * (dh / 2);
   const int threads = 256;
   if (count == 0) return 0;
-  OASIS_LAUNCH(static_cast<unsigned>((count + threads - 1) / threads), threads, stream, rope_kernel)(x, N, T, H, dh,
-                                                                                               interleaved, inv_freq);
+  OASIS_LAUNCH(static_cast<unsigned>((count + threads - 1) / threads), threads, stream, rope_kernel)(
+      x, N, T, H, dh, interleaved, inv_freq);
   return static_cast<int>(cudaGetLastError());
 }
 
 int launch_depth_weights(const DepthLaunch& a, CUstream_st* stream) {
   const int threads = 128;
-  OASIS_LAUNCH((a.N + threads - 1) / threads, threads, stream, depth_weights_kernel)(a);
+  OASIS_LAUNCH(static_cast<unsigned>((static_cast<long long>(a.N) + threads - 1) / threads), threads, stream,
+               depth_weights_kernel)(a);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -176,19 +177,22 @@ int launch_depth_mix(const float* sources, const float* alpha, int n, int N, int
 int launch_pseudo_query_logits(const float* sources, int n, int N, int d, const float* w, const float* gain,
                                float eps, float* g, CUstream_st* stream) {
   const int rows = n * N, warps = 4;
-  OASIS_LAUNCH((rows + warps - 1) / warps, 32 * warps, stream, pseudo_query_kernel)(sources, rows, d, w, gain, eps, g);
+  OASIS_LAUNCH(static_cast<unsigned>((static_cast<long long>(rows) + warps - 1) / warps), 32 * warps, stream,
+               pseudo_query_kernel)(sources, rows, d, w, gain, eps, g);
   return static_cast<int>(cudaGetLastError());
 }
 
 int launch_rms_norm(const float* x, int R, int d, const float* gain, float eps, float* y, CUstream_st* stream) {
   const int warps = 4;
-  OASIS_LAUNCH((R + warps - 1) / warps, 32 * warps, stream, rms_norm_kernel)(x, R, d, gain, eps, y);
+  OASIS_LAUNCH(static_cast<unsigned>((static_cast<long long>(R) + warps - 1) / warps), 32 * warps, stream,
+               rms_norm_kernel)(x, R, d, gain, eps, y);
   return static_cast<int>(cudaGetLastError());
 }
 
 int launch_swiglu(const float* gate, const float* up, long long count, float* a, CUstream_st* stream) {
   const int threads = 256;
-  OASIS_LAUNCH(static_cast<unsigned>((count + threads - 1) / threads), threads, stream, swiglu_kernel)(gate, up, count, a);
+  OASIS_LAUNCH(static_cast<unsigned>((count + threads - 1) / threads), threads, stream, swiglu_kernel)(gate, up,
+                                                                                                   count, a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,61 @@ __global__ void warp_kernel(const float* in, float* sum, float* mx, float* bcast
   bcast[i] = __shfl_sync(kFull, in[i], 5);
 }
 
+/// Warp and lane order of a 3-D block (x fastest): lane 0's linear id and the neighbour's.
+__global__ void warp_order_kernel(int* out) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  out[tid] = __shfl_sync(kFull, tid, 0) + 1000 * __shfl_xor_sync(kFull, tid, 1);
+}
+
+/// A half-warp shuffle (lanes 0-15, mask 0xffff), then a full-warp one: legal since sm_70.
+__global__ void partial_then_full_kernel(int* out) {
+  const int lane = threadIdx.x;
+  int v = lane;
+  if (lane < 16) v = __shfl_sync(0x0000ffffu, v, 15 - lane);
+  out[lane] = __shfl_sync(kFull, v, (lane + 1) % 32);
+}
+
+/// Two half-warps shuffle concurrently with disjoint masks.
+__global__ void disjoint_masks_kernel(int* out) {
+  const int lane = threadIdx.x;
+  int v = lane;
+  if (lane < 16)
+    v = __shfl_sync(0x0000ffffu, v, lane ^ 1);
+  else
+    v = __shfl_sync(0xffff0000u, v, 47 - lane);
+  out[lane] = v;
+}
+
+/// Shuffles within segments of 16 lanes.
+__global__ void width16_kernel(int* idx, int* xor16, int* xor1) {
+  const int lane = threadIdx.x;
+  idx[lane] = __shfl_sync(kFull, lane, 3, 16);
+  xor16[lane] = __shfl_xor_sync(kFull, lane, 16, 16);
+  xor1[lane] = __shfl_xor_sync(kFull, lane, 1, 16);
+}
+
+/// Accumulates into shared memory it never initialised.
+__global__ void uninitialised_shared_kernel(int* out) {
+  __shared__ int acc[64];
+  acc[threadIdx.x] += 1;
+  __syncthreads();
+  out[threadIdx.x] = acc[threadIdx.x];
+}
+
+/// Block 0 publishes a value that the other blocks read without a grid-wide synchronisation.
+__global__ void cross_block_racy_kernel(int* buf) {
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) buf[0] = 42;
+  } else if (threadIdx.x == 0) {
+    buf[blockIdx.x] = buf[0];
+  }
+}
+
+__global__ void throwing_kernel(int* out) {
+  if (threadIdx.x == 7) throw std::runtime_error("thrown in device code");
+  out[threadIdx.x] = 1;
+}
+
 /// __syncthreads reached by half of the block only.
 __global__ void divergent_barrier_kernel(int* out) {
   if (threadIdx.x % 2 == 0) __syncthreads();
@@ -137,6 +193,15 @@ TEST(CudaEmulator, BuiltInVariablesCoverA3dGrid) {
   const std::vector<int> h = out.get();
   for (int b = 0; b < nb; ++b)
     for (int t = 0; t < nt; ++t) ASSERT_EQ(h[static_cast<std::size_t>(b * nt + t)], b * 1000 + t);
+}
+
+TEST(CudaEmulator, WarpsAndLanesFollowTheLinearThreadIdXFastest) {
+  const dim3 block(8, 4, 2);
+  DeviceArray<int> out(64);
+  OASIS_LAUNCH(1, block, nullptr, warp_order_kernel)(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> h = out.get();
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(h[static_cast<std::size_t>(t)], (t / 32) * 32 + 1000 * (t ^ 1)) << t;
 }
 
 TEST(CudaEmulator, SyncthreadsOrdersSharedMemory) {
@@ -220,7 +285,96 @@ TEST(CudaEmulator, WarpShufflesReduceAndBroadcast) {
   }
 }
 
-TEST(CudaEmulator, DivergentSyncthreadsIsReported) {
+/// Runs `body` under each schedule and restores the initial one.
+template <class F>
+void under_every_schedule(F body) {
+  const oasis_emu::Schedule initial = oasis_emu::schedule();
+  for (const auto order : {oasis_emu::Schedule::forward, oasis_emu::Schedule::reverse, oasis_emu::Schedule::random}) {
+    oasis_emu::set_schedule(order, 11);
+    SCOPED_TRACE(static_cast<int>(order));
+    body();
+  }
+  oasis_emu::set_schedule(initial);
+}
+
+TEST(CudaEmulator, PartialAndDisjointMaskShufflesUnderEverySchedule) {
+  under_every_schedule([] {
+    DeviceArray<int> a(32), b(32);
+    OASIS_LAUNCH(1, 32, nullptr, partial_then_full_kernel)(a.p);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    OASIS_LAUNCH(1, 32, nullptr, disjoint_masks_kernel)(b.p);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<int> ha = a.get(), hb = b.get();
+    for (int l = 0; l < 32; ++l) {
+      const int n = (l + 1) % 32;
+      EXPECT_EQ(ha[static_cast<std::size_t>(l)], n < 16 ? 15 - n : n) << l;
+      EXPECT_EQ(hb[static_cast<std::size_t>(l)], l < 16 ? l ^ 1 : 47 - l) << l;
+    }
+  });
+}
+
+// width < 32: __shfl_sync reads within the lane's segment; __shfl_xor_sync reads a lane of an
+// earlier segment but gives the lane's own value for a later one (PTX shfl.bfly).
+TEST(CudaEmulator, ShufflesWithinSegmentsOfSixteenLanes) {
+  DeviceArray<int> idx(32), x16(32), x1(32);
+  OASIS_LAUNCH(1, 32, nullptr, width16_kernel)(idx.p, x16.p, x1.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> a = idx.get(), b = x16.get(), c = x1.get();
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(a[static_cast<std::size_t>(l)], l < 16 ? 3 : 19) << l;
+    EXPECT_EQ(b[static_cast<std::size_t>(l)], l < 16 ? l : l - 16) << l;
+    EXPECT_EQ(c[static_cast<std::size_t>(l)], l ^ 1) << l;
+  }
+}
+
+// Shared memory is undefined when a block starts: the emulator fills it with 0xFF bytes (-1 as
+// int) before every block, so a kernel that never initialises it cannot count from 0.
+TEST(CudaEmulator, SharedMemoryStartsUndefinedInEveryBlock) {
+  for (int launch = 0; launch < 2; ++launch) {
+    DeviceArray<int> out(64);
+    OASIS_LAUNCH(1, 64, nullptr, uninitialised_shared_kernel)(out.p);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    for (const int v : out.get()) EXPECT_EQ(v, 0) << "launch " << launch << ": shared memory was not refilled";
+  }
+}
+
+// Blocks run one after another; the reverse and random orders expose a block that reads what
+// another block writes without a grid-wide synchronisation.
+TEST(CudaEmulator, ReverseBlockOrderExposesACrossBlockRace) {
+  const oasis_emu::Schedule initial = oasis_emu::schedule();
+  auto stale_reads = [](oasis_emu::Schedule order) {
+    oasis_emu::set_schedule(order, 5);
+    DeviceArray<int> buf(8);
+    OASIS_LAUNCH(8, 32, nullptr, cross_block_racy_kernel)(buf.p);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    int stale = 0;
+    const std::vector<int> h = buf.get();
+    for (int b = 1; b < 8; ++b) stale += h[static_cast<std::size_t>(b)] != 42;
+    return stale;
+  };
+  EXPECT_EQ(stale_reads(oasis_emu::Schedule::forward), 0);
+  EXPECT_EQ(stale_reads(oasis_emu::Schedule::reverse), 7);
+  EXPECT_GT(stale_reads(oasis_emu::Schedule::random), 0);
+  oasis_emu::set_schedule(initial);
+}
+
+TEST(CudaEmulator, ExceptionInDeviceCodeIsReported) {
+  DeviceArray<int> out(32);
+  const long long before = oasis_emu::fault_count();
+  OASIS_LAUNCH(1, 32, nullptr, throwing_kernel)(out.p);
+  EXPECT_TRUE(launch_failed_with("thrown in device code", before));
+  EXPECT_NE(oasis_emu::last_fault().find("thread (7,0,0)"), std::string::npos) << oasis_emu::last_fault();
+}
+
+TEST(CudaEmulator, HostPointerKernelArgumentIsReported) {
+  std::vector<float> host(16);
+  const long long before = oasis_emu::fault_count();
+  OASIS_LAUNCH(1, 32, nullptr, write_kernel)(host.data(), 16);
+  EXPECT_TRUE(launch_failed_with("kernel argument 0", before));
+  for (const float v : host) EXPECT_EQ(v, 0.0f);  // not run
+}
+
+TEST(CudaEmulator, BarrierThatSomeThreadsSkipIsReported) {
   DeviceArray<int> out(64);
   const long long before = oasis_emu::fault_count();
   OASIS_LAUNCH(1, 64, nullptr, divergent_barrier_kernel)(out.p);
@@ -267,6 +421,10 @@ TEST(CudaEmulator, InvalidLaunchConfigurationsAreRejected) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   OASIS_LAUNCH(0, 32, nullptr, write_kernel)(out.p, 0);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  OASIS_LAUNCH(1, dim3(1, 1, 65), nullptr, write_kernel)(out.p, 0);  // block z <= 64
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  OASIS_LAUNCH(dim3(2147483648u), 32, nullptr, write_kernel)(out.p, 0);  // grid x <= 2^31 - 1
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // cleared by the read
 }
 
@@ -277,6 +435,9 @@ TEST(CudaEmulator, CopiesOutsideAnAllocationAreRejected) {
   EXPECT_EQ(cudaMemcpy(h.data(), d.p + 1, 10 * sizeof(float), cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
   EXPECT_EQ(cudaMemcpy(h.data(), h.data() + 1, 4, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);  // host as device
   EXPECT_EQ(cudaMemset(d.p + 5, 0, 6 * sizeof(float)), cudaErrorInvalidValue);
+  DeviceArray<float> e(10);
+  EXPECT_EQ(cudaMemcpy(e.p, d.p, 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);  // device memory as host
+  EXPECT_EQ(cudaMemcpy(e.p, d.p, 4, cudaMemcpyDeviceToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d.p + 5, h.data(), 5 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   cudaGetLastError();
 }
@@ -322,6 +483,9 @@ TEST(CudaEmulator, SgemmFollowsCublasColumnMajorSemantics) {
   DeviceArray<float> small(4);
   EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, small.p, 1, small.p, 2, &zero, small.p, 2),
             CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  EXPECT_EQ(cublasSgemm(h, static_cast<cublasOperation_t>(7), CUBLAS_OP_N, 2, 2, 2, &one, small.p, 2, small.p, 2,
+                        &zero, small.p, 2),
+            CUBLAS_STATUS_INVALID_VALUE);  // not an operation
   const long long before = oasis_emu::fault_count();
   EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, small.p, 2, small.p, 3, &zero, small.p, 2),
             CUBLAS_STATUS_EXECUTION_FAILED);  // A and B need 6 and 6 elements, the allocation has 4

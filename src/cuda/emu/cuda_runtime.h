@@ -10,7 +10,8 @@
 //   __shfl_sync / _xor_sync  a warp collective: every lane of the mask arrives (with the same mask)
 //                            before any reads; a lane of the mask that exited is reported.
 //   __shared__               one instance per kernel, reused by each block in turn (blocks never
-//                            run concurrently); its contents are stale between blocks, as on the device.
+//                            run concurrently), filled with 0xFF bytes before each block (NaN as
+//                            float): a read before the block wrote it shows.
 // A fault (deadlock, misuse above, exception) stops the launch; cudaGetLastError() then returns
 // cudaErrorLaunchFailure and cudaGetErrorString() carries the emulator's message.
 //
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -64,6 +66,18 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane);
 int lane_id();
 /// Runs `body` as every thread of every block of the grid; records a launch error or fault.
 void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body);
+/// True if p is null or points into (or one past) a live device allocation.
+bool is_device_pointer(const void* p);
+/// Records a fault of the launch of `kernel` (cudaErrorLaunchFailure) without running it.
+void launch_fault(const char* kernel, const std::string& what);
+
+template <class T>
+bool device_or_not_a_pointer(const T& v) {
+  if constexpr (std::is_pointer_v<T>)
+    return is_device_pointer(static_cast<const void*>(v));
+  else
+    return true;
+}
 
 template <class... P>
 struct Launch {
@@ -74,6 +88,20 @@ struct Launch {
   void operator()(A&&... args) const {
     // The launch copies its parameters once; each thread receives them by value.
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    // A pointer parameter must be device memory (or null): a host pointer faults on the device.
+    // (Pointers inside struct parameters are not checked.)
+    int bad = -1;
+    std::apply(
+        [&bad](const auto&... p) {
+          int i = 0;
+          ((bad < 0 && !device_or_not_a_pointer(p) ? (void)(bad = i) : (void)0, ++i), ...);
+        },
+        params);
+    if (bad >= 0) {
+      launch_fault(name, "kernel argument " + std::to_string(bad) +
+                             " is a pointer outside every device allocation (host memory?)");
+      return;
+    }
     run_grid(grid, block, name, [&] { std::apply(kernel, params); });
   }
 };
@@ -105,7 +133,9 @@ T from_bits(std::uint64_t b) {
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __grid_constant__
-#define __shared__ static
+// One static instance per kernel, in the section oasis_emu_shared, which the emulator fills with
+// 0xFF bytes (NaN as float, -1 as int) before every block: shared memory starts undefined.
+#define __shared__ static __attribute__((section("oasis_emu_shared")))
 #define __align__(n) __attribute__((aligned(n)))
 #define threadIdx (::oasis_emu::g_current->thread_idx)
 #define blockIdx (::oasis_emu::g_current->block_idx)
@@ -123,7 +153,9 @@ template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
   const int lane = ::oasis_emu::lane_id();
   int src = lane ^ lane_mask;
-  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;  // outside the segment: own value
+  // shfl.bfly: a source beyond the end of the lane's segment gives the lane's own value; one in
+  // an earlier segment is read (CUDA C++ Programming Guide, warp shuffle functions).
+  if (src > ((lane & ~(width - 1)) | (width - 1))) src = lane;
   return ::oasis_emu::from_bits<T>(::oasis_emu::warp_exchange(mask, ::oasis_emu::to_bits(var), src));
 }
 

@@ -87,11 +87,12 @@ struct Stats {
   long long launches = 0, blocks = 0, threads = 0, switches = 0;
 };
 Stats stats();
-/// The order in which the scheduler resumes the runnable threads of a block on each pass:
-/// forward (thread 0 first), reverse, or shuffled by a seeded generator. A race (a missing
-/// barrier) shows as a wrong result under some order: forward exposes a thread reading what a
-/// later thread writes, reverse one reading what an earlier thread writes. The initial order is
-/// taken from the environment variable OASIS_EMU_SCHEDULE (forward, reverse, random[:seed]).
+/// The order in which the scheduler runs the blocks of a grid and resumes the runnable threads
+/// of a block on each pass: forward (block 0 and thread 0 first), reverse, or shuffled by a
+/// seeded generator. A race (a missing barrier) shows as a wrong result under some order:
+/// forward exposes a thread reading what a later thread writes, reverse one reading what an
+/// earlier thread (or block) writes. The initial order is taken from the environment variable
+/// OASIS_EMU_SCHEDULE (forward, reverse, random[:seed]).
 enum class Schedule { forward, reverse, random };
 void set_schedule(Schedule s, unsigned seed = 1);
 Schedule schedule();

@@ -151,15 +151,21 @@ struct Fiber {
   ThreadContext ctx{};
   int linear = 0, warp = 0, lane = 0;
   State state = State::finished;
-  unsigned long long collectives = 0;  // warp collectives done: the parity picks the exchange buffer
+  std::uint64_t shuffle_result = 0;    // this lane's result of its last warp collective
   void* asan_fake_stack = nullptr;
 };
 
+/// One warp collective in progress: the lanes of `mask` arrive with their values and source
+/// lanes; the last to arrive hands every lane its result.
+struct Collective {
+  unsigned mask = 0, arrived = 0;
+  std::uint64_t value[32] = {};
+  int src[32] = {};
+};
+
 struct Warp {
-  std::uint64_t slot[2][32] = {};
-  unsigned live = 0;     // lanes that exist and have not exited
-  unsigned arrived = 0;  // lanes waiting in the current collective
-  unsigned mask = 0;     // the mask of the current collective
+  unsigned live = 0;              // lanes that exist and have not exited
+  std::vector<Collective> open;   // collectives waiting for lanes (one per mask)
 };
 
 struct Block {
@@ -287,9 +293,10 @@ void thread_exit(Fiber* f) {
   if (b.at_barrier > 0)
     device_fault("exited while " + std::to_string(b.at_barrier) +
                  " threads of the block wait at __syncthreads() (they would never be released)");
-  if (w.arrived != 0 && (w.mask >> f->lane & 1u))
-    device_fault("exited while lanes of its warp wait for it in a warp collective (__shfl_sync mask " +
-                 std::to_string(w.mask) + ")");
+  for (const Collective& c : w.open)
+    if (c.mask >> f->lane & 1u)
+      device_fault("exited while lanes of its warp wait for it in a warp collective (__shfl_sync mask " +
+                   std::to_string(c.mask) + ")");
 }
 
 extern "C" void fiber_main() {
@@ -358,8 +365,32 @@ std::string deadlock_message(const Block& b) {
   return o.str();
 }
 
+}  // namespace
+}  // namespace oasis_emu
+
+// The bounds of the kernels' __shared__ arrays (cuda_runtime.h), from the linker (weak: a program
+// without kernels has no such section).
+extern "C" {
+extern char __start_oasis_emu_shared[] __attribute__((weak));
+extern char __stop_oasis_emu_shared[] __attribute__((weak));
+}
+
+namespace oasis_emu {
+namespace {
+
+/// Shared memory is undefined when a block starts: 0xFF bytes (NaN as float). Not under ASan,
+/// which may keep redzones between the arrays.
+void poison_shared_memory() {
+#if !OASIS_EMU_ASAN
+  if (__start_oasis_emu_shared && __stop_oasis_emu_shared)
+    std::memset(__start_oasis_emu_shared, 0xFF,
+                static_cast<std::size_t>(__stop_oasis_emu_shared - __start_oasis_emu_shared));
+#endif
+}
+
 /// Runs one block to completion; false on a fault (message in the block).
 bool run_block(Scheduler& s, const uint3& bidx, dim3 grid, dim3 blockdim) {
+  poison_shared_memory();
   const int n = static_cast<int>(blockdim.x * blockdim.y * blockdim.z);
   Block& b = s.block;
   b = Block{};
@@ -378,7 +409,7 @@ bool run_block(Scheduler& s, const uint3& bidx, dim3 grid, dim3 blockdim) {
     f.ctx.block_dim = blockdim;
     f.ctx.grid_dim = grid;
     f.state = State::runnable;
-    f.collectives = 0;
+    f.shuffle_result = 0;
     b.warps[static_cast<std::size_t>(f.warp)].live |= 1u << f.lane;
     prepare(f);
   }
@@ -437,23 +468,35 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
                  ", live " + std::to_string(w.live) + ")");
   if (src_lane < 0 || src_lane > 31 || !(mask >> src_lane & 1u))
     device_fault("reads lane " + std::to_string(src_lane) + ", which is not in the collective's mask");
-  if (w.arrived == 0)
-    w.mask = mask;
-  else if (w.mask != mask)
-    device_fault("lanes of one warp call a collective with different masks");
-  // Double buffering: a lane cannot start collective c + 2 before every lane has left c + 1,
-  // hence finished reading the buffer of c.
-  const unsigned buf = static_cast<unsigned>(f->collectives++ & 1u);
-  w.slot[buf][f->lane] = value;
-  w.arrived |= me;
-  if (w.arrived == mask) {
-    w.arrived = 0;
-    for (Fiber& o : *s.block.fibers)
-      if (o.warp == f->warp && o.state == State::at_warp_barrier) o.state = State::runnable;
+  // Collectives of different masks may be open at once (independent thread scheduling, sm_70+:
+  // lanes 16-31 may wait in a full-mask shuffle while lanes 0-15 finish one of their own). A lane
+  // joins the open collective of its mask: it cannot still be waiting in an earlier one of the
+  // same mask. Masks that can never complete (lanes waiting in each other's) end in the
+  // scheduler's deadlock report.
+  Collective* c = nullptr;
+  for (Collective& o : w.open)
+    if (o.mask == mask) c = &o;
+  if (!c) {
+    w.open.emplace_back();
+    c = &w.open.back();
+    c->mask = mask;
+  }
+  c->value[f->lane] = value;
+  c->src[f->lane] = src_lane;
+  c->arrived |= me;
+  if (c->arrived == mask) {  // complete: every lane's result, then release the lanes
+    const int base = f->warp * 32;
+    for (int l = 0; l < 32; ++l)
+      if (mask >> l & 1u) {
+        Fiber& o = (*s.block.fibers)[static_cast<std::size_t>(base + l)];
+        o.shuffle_result = c->value[c->src[l]];
+        if (o.state == State::at_warp_barrier) o.state = State::runnable;
+      }
+    w.open.erase(w.open.begin() + (c - w.open.data()));
   } else {
     wait_here(f, State::at_warp_barrier);
   }
-  return w.slot[buf][src_lane];
+  return f->shuffle_result;
 }
 
 void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body) {
@@ -479,18 +522,34 @@ void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<voi
   ErrorState& e = err();
   ++e.stats.launches;
   const ThreadContext* saved = g_current;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        ++e.stats.blocks;
-        e.stats.threads += static_cast<long long>(nthreads);
-        if (!run_block(s, uint3{x, y, z}, grid, block)) {
-          g_current = saved;
-          record_fault(cudaErrorLaunchFailure, s.block.fault_message);
-          return;
-        }
-      }
+  // Blocks in x-fastest order, reversed or shuffled with the schedule (a kernel that reads what
+  // another block writes without a grid-wide synchronisation shows under one of the orders).
+  const unsigned long long nblocks = 1ull * grid.x * grid.y * grid.z;
+  std::vector<unsigned long long> order;
+  if (s.order == Schedule::random) {
+    order.resize(nblocks);
+    std::iota(order.begin(), order.end(), 0ull);
+    std::shuffle(order.begin(), order.end(), s.rng);
+  }
+  for (unsigned long long k = 0; k < nblocks; ++k) {
+    const unsigned long long lin =
+        s.order == Schedule::forward ? k : s.order == Schedule::reverse ? nblocks - 1 - k : order[k];
+    const uint3 bidx{static_cast<unsigned>(lin % grid.x), static_cast<unsigned>(lin / grid.x % grid.y),
+                     static_cast<unsigned>(lin / (1ull * grid.x * grid.y))};
+    ++e.stats.blocks;
+    e.stats.threads += static_cast<long long>(nthreads);
+    if (!run_block(s, bidx, grid, block)) {
+      g_current = saved;
+      record_fault(cudaErrorLaunchFailure, s.block.fault_message);
+      return;
+    }
+  }
   g_current = saved;
+}
+
+void launch_fault(const char* kernel, const std::string& what) {
+  std::lock_guard<std::mutex> lock(launch_mutex());
+  record_fault(cudaErrorLaunchFailure, std::string(kernel) + ": " + what);
 }
 
 // --- 16-bit conversions (exact widening, one rounding to nearest even) ------------------------------
@@ -544,6 +603,14 @@ bool in_device_memory(const void* p, std::size_t bytes) {
 }
 
 }  // namespace
+
+namespace oasis_emu {
+bool is_device_pointer(const void* p) {
+  if (!p) return true;
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  return in_device_memory(p, 0);
+}
+}  // namespace oasis_emu
 
 using oasis_emu::err;
 using oasis_emu::set_last;
@@ -671,14 +738,15 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
   const bool dst_dev = in_device_memory(dst, bytes), src_dev = in_device_memory(src, bytes);
   bool ok = false;
   switch (kind) {
-    case cudaMemcpyHostToHost: ok = true; break;
-    case cudaMemcpyHostToDevice: ok = dst_dev; break;
-    case cudaMemcpyDeviceToHost: ok = src_dev; break;
+    case cudaMemcpyHostToHost: ok = !dst_dev && !src_dev; break;
+    case cudaMemcpyHostToDevice: ok = dst_dev && !src_dev; break;
+    case cudaMemcpyDeviceToHost: ok = src_dev && !dst_dev; break;
     case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
     case cudaMemcpyDefault: ok = true; break;
     default: return set_last(cudaErrorInvalidMemcpyDirection);
   }
-  if (!ok) return set_last(cudaErrorInvalidValue);  // the device range is not inside one allocation
+  // The device side is not inside one allocation, or the host side is device memory.
+  if (!ok) return set_last(cudaErrorInvalidValue);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -748,7 +816,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
                            int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                            const float* beta, float* C, int ldc) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  auto valid_op = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
+  if (!valid_op(transa) || !valid_op(transb)) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;  // real data: C is T
   // cuBLAS's argument rules: sizes >= 0; leading dimensions cover the stored rows.
   if (m < 0 || n < 0 || k < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   if (lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))

@@ -44,11 +44,11 @@ struct Kernels {
   int lanes;
   /// y_i = e^{x_i} (vectorised polynomial exp; see docs/benchmarks.md for its error).
   void (*exp)(const float* x, float* y, idx n);
-  /// The fused online-normalised attention of one block. Returns false if a visible score
-  /// (scale * q.k, as the kernel computes it) is NaN or +inf: such rows are written as NaN (out,
-  /// lse, p_null), the probabilities are not written, and the caller must throw ("scores").
-  /// A visible -inf score is a masked key, as in the reference.
-  bool (*attention_block)(const AttnBlock& a);
+  /// The fused online-normalised attention of one block. A row with a visible score (scale * q.k,
+  /// as the kernel computes it) that is NaN or +inf is written as NaN (out, lse, p_null) and the
+  /// block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A visible
+  /// -inf score is a masked key, as in the reference.
+  void (*attention_block)(const AttnBlock& a);
   /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
   /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the
   /// reference's arithmetic). Returns false if a source element is not finite.

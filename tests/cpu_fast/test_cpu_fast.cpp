@@ -255,6 +255,13 @@ std::vector<OverflowMode> overflow_modes() {
   return {{RowNorm::softmax1, false}, {RowNorm::softmax1, true}, {RowNorm::softmax, false}, {RowNorm::softmax, true}};
 }
 
+AttentionOptions options_of(const OverflowMode& m) {
+  AttentionOptions opt;
+  opt.normalizer = m.norm;
+  opt.causal = m.causal;
+  return opt;
+}
+
 std::string mode_name(const OverflowMode& m) {
   return std::string(to_string(m.norm)) + (m.causal ? " causal" : " full");
 }
@@ -291,9 +298,7 @@ TEST(CpuFastOverflow, PosInfScoreThrowsLikeReference) {
     OverflowInputs in = overflow_inputs(7101);
     plant(in, 1, 1, 3, 70, 1e20f, 0.0f, 1e20f, 0.0f);  // key 70: visible to every query, even causal
     plant(in, 1, 0, 60, 70, 1e20f, 0.0f, 1e20f, 0.0f);
-    AttentionOptions opt;
-    opt.normalizer = m.norm;
-    opt.causal = m.causal;
+    AttentionOptions opt = options_of(m);
     if (m.norm == RowNorm::softmax1) opt.null_logits = {0.5, -1.0};
     expect_scores_rejected(in, opt, mode_name(m));
   }
@@ -305,9 +310,7 @@ TEST(CpuFastOverflow, InfMinusInfScoreThrowsLikeReference) {
   for (const OverflowMode& m : overflow_modes()) {
     OverflowInputs in = overflow_inputs(7102);
     plant(in, 1, 0, 60, 70, 1e20f, 1e20f, 1e20f, -1e20f);
-    AttentionOptions opt;
-    opt.normalizer = m.norm;
-    opt.causal = m.causal;
+    AttentionOptions opt = options_of(m);
     expect_scores_rejected(in, opt, mode_name(m));
   }
 }
@@ -321,9 +324,7 @@ TEST(CpuFastOverflow, BadScoreAmongNegInfScoresThrowsLikeReference) {
     OverflowInputs in = overflow_inputs(7106);
     plant(in, 1, 0, 60, 0, 1e20f, 1e20f, 1e20f, -1e20f);
     for (index_t j = 1; j < 150; ++j) in.k(1, 0, j, 0) = -1e20f;  // q(1, 0, 60) . k_j = -inf
-    AttentionOptions opt;
-    opt.normalizer = m.norm;
-    opt.causal = m.causal;
+    AttentionOptions opt = options_of(m);
     opt.key_lengths = {150, 34};
     expect_scores_rejected(in, opt, mode_name(m));
   }
@@ -338,9 +339,7 @@ TEST(CpuFastOverflow, OverflowAtMaskedKeyIsIgnoredLikeReference) {
     SCOPED_TRACE(mode_name(m));
     const OverflowInputs clean = overflow_inputs(7103);
     OverflowInputs in = clean;
-    AttentionOptions opt;
-    opt.normalizer = m.norm;
-    opt.causal = m.causal;
+    AttentionOptions opt = options_of(m);
     opt.key_lengths = {150, 60};
     opt.return_probs = true;
     plant(in, 1, 1, 40, 70, 1e20f, 1e20f, 1e20f, -1e20f);  // key 70 >= key_lengths[1] = 60 (NaN or +inf)
@@ -376,9 +375,7 @@ TEST(CpuFastOverflow, NegInfScoreIsAMaskedKeyLikeReference) {
     OverflowInputs in = overflow_inputs(7104);
     plant(in, 0, 1, 0, 75, 1e20f, 0.0f, -1e20f, 0.0f);
     plant(in, 1, 0, 69, 3, 1e20f, 1e20f, -1e20f, -1e20f);  // first tile; -inf in every summation
-    AttentionOptions opt;
-    opt.normalizer = m.norm;
-    opt.causal = m.causal;
+    AttentionOptions opt = options_of(m);
     opt.return_probs = true;
     const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);
     ASSERT_EQ(ref.probs(0, 1, 0, 75), 0.0f);

@@ -234,6 +234,13 @@ TEST(CudaEmulator, MissingSyncthreadsGivesWrongResults) {
   EXPECT_GT(wrong, 0) << "the race went unnoticed";
 }
 
+/// Restores the schedule in force at construction (tests that change it leave it as they found
+/// it, even when an assertion returns early).
+struct RestoreSchedule {
+  oasis_emu::Schedule initial = oasis_emu::schedule();
+  ~RestoreSchedule() { oasis_emu::set_schedule(initial); }
+};
+
 // The opposite race (reading what an earlier thread wrote) passes under the forward order and is
 // exposed by the reverse and random orders, which is why ctest also runs the CUDA tests under both
 // (emu.schedule.*).
@@ -254,11 +261,10 @@ TEST(CudaEmulator, ScheduleOrdersExposeRacesTheForwardOrderHides) {
     for (int t = 1; t < n; ++t) wrong += out[static_cast<std::size_t>(t)] != in[static_cast<std::size_t>(t - 1)];
     return wrong;
   };
-  const oasis_emu::Schedule initial = oasis_emu::schedule();
+  const RestoreSchedule restore;
   EXPECT_EQ(wrong_under(oasis_emu::Schedule::forward), 0);
   EXPECT_GT(wrong_under(oasis_emu::Schedule::reverse), 0);
   EXPECT_GT(wrong_under(oasis_emu::Schedule::random), 0);
-  oasis_emu::set_schedule(initial);
 }
 
 TEST(CudaEmulator, WarpShufflesReduceAndBroadcast) {
@@ -288,13 +294,12 @@ TEST(CudaEmulator, WarpShufflesReduceAndBroadcast) {
 /// Runs `body` under each schedule and restores the initial one.
 template <class F>
 void under_every_schedule(F body) {
-  const oasis_emu::Schedule initial = oasis_emu::schedule();
+  const RestoreSchedule restore;
   for (const auto order : {oasis_emu::Schedule::forward, oasis_emu::Schedule::reverse, oasis_emu::Schedule::random}) {
     oasis_emu::set_schedule(order, 11);
     SCOPED_TRACE(static_cast<int>(order));
     body();
   }
-  oasis_emu::set_schedule(initial);
 }
 
 TEST(CudaEmulator, PartialAndDisjointMaskShufflesUnderEverySchedule) {
@@ -341,7 +346,7 @@ TEST(CudaEmulator, SharedMemoryStartsUndefinedInEveryBlock) {
 // Blocks run one after another; the reverse and random orders expose a block that reads what
 // another block writes without a grid-wide synchronisation.
 TEST(CudaEmulator, ReverseBlockOrderExposesACrossBlockRace) {
-  const oasis_emu::Schedule initial = oasis_emu::schedule();
+  const RestoreSchedule restore;
   auto stale_reads = [](oasis_emu::Schedule order) {
     oasis_emu::set_schedule(order, 5);
     DeviceArray<int> buf(8);
@@ -355,7 +360,6 @@ TEST(CudaEmulator, ReverseBlockOrderExposesACrossBlockRace) {
   EXPECT_EQ(stale_reads(oasis_emu::Schedule::forward), 0);
   EXPECT_EQ(stale_reads(oasis_emu::Schedule::reverse), 7);
   EXPECT_GT(stale_reads(oasis_emu::Schedule::random), 0);
-  oasis_emu::set_schedule(initial);
 }
 
 TEST(CudaEmulator, ExceptionInDeviceCodeIsReported) {

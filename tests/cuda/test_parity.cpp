@@ -69,22 +69,28 @@ const std::vector<Backend> kBackends = {Backend::reference, Backend::cpu_fast, B
   return ::testing::AssertionSuccess() << rows << " fully masked rows exact";
 }
 
+/// The parity rule for every output of an attention result against the oracle in H (and the
+/// probabilities, when requested), then the exactness of the fully masked rows.
 template <class H>
-void expect_attention_parity(const AttentionResult<float>& got, const AttentionInputs& in) {
+std::vector<::testing::AssertionResult> attention_parity(const AttentionResult<float>& got, const AttentionInputs& in) {
   const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, in.opt);
   AttentionOptions hp_opt = in.opt;
   hp_opt.return_probs = true;  // the bounds need the oracle's probabilities
   const AttentionResult<H> hp = token_attention(in.q.cast<H>(), in.k.cast<H>(), in.v.cast<H>(), hp_opt);
   const bounds::AttentionBounds b = bounds::attention_bounds(in.q, in.k, in.v, in.opt, hp);
-  OASIS_EXPECT_PARITY(within_twice_reference("out", got.out, ref.out, hp.out, b.out));
-  OASIS_EXPECT_PARITY(within_twice_reference("lse", got.lse, ref.lse, hp.lse, b.lse));
-  OASIS_EXPECT_PARITY(within_twice_reference("p_null", got.p_null, ref.p_null, hp.p_null, b.p_null));
-  if (in.opt.return_probs) {
-    OASIS_EXPECT_PARITY(within_twice_reference("probs", got.probs, ref.probs, hp.probs, b.probs));
-  } else {
-    EXPECT_TRUE(got.probs.empty());
-  }
-  EXPECT_TRUE(masked_rows_exact(got, in));
+  std::vector<::testing::AssertionResult> r = {
+      within_twice_reference("out", got.out, ref.out, hp.out, b.out),
+      within_twice_reference("lse", got.lse, ref.lse, hp.lse, b.lse),
+      within_twice_reference("p_null", got.p_null, ref.p_null, hp.p_null, b.p_null)};
+  if (in.opt.return_probs) r.push_back(within_twice_reference("probs", got.probs, ref.probs, hp.probs, b.probs));
+  r.push_back(masked_rows_exact(got, in));
+  return r;
+}
+
+template <class H>
+void expect_attention_parity(const AttentionResult<float>& got, const AttentionInputs& in) {
+  for (const ::testing::AssertionResult& r : attention_parity<H>(got, in)) OASIS_EXPECT_PARITY(r);
+  if (!in.opt.return_probs) EXPECT_TRUE(got.probs.empty());
 }
 
 // --- token attention ----------------------------------------------------------------------------
@@ -126,18 +132,7 @@ TEST_P(BackendParity, LongSequence8kKeys) {
 // rule: parity_rule.hpp. Fully masked rows must be exact.
 std::string random_case_violation(Backend backend, const AttentionInputs& in) {
   const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
-  const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, in.opt);
-  AttentionOptions hp_opt = in.opt;
-  hp_opt.return_probs = true;
-  const AttentionResult<long double> hp =
-      token_attention(in.q.cast<long double>(), in.k.cast<long double>(), in.v.cast<long double>(), hp_opt);
-  const bounds::AttentionBounds b = bounds::attention_bounds(in.q, in.k, in.v, in.opt, hp);
-  std::vector<::testing::AssertionResult> checks = {
-      within_twice_reference("out", got.out, ref.out, hp.out, b.out),
-      within_twice_reference("lse", got.lse, ref.lse, hp.lse, b.lse),
-      within_twice_reference("p_null", got.p_null, ref.p_null, hp.p_null, b.p_null), masked_rows_exact(got, in)};
-  if (in.opt.return_probs) checks.push_back(within_twice_reference("probs", got.probs, ref.probs, hp.probs, b.probs));
-  for (const auto& r : checks)
+  for (const ::testing::AssertionResult& r : attention_parity<long double>(got, in))
     if (!r) return r.message();
   return "";
 }

@@ -25,7 +25,6 @@ enum cublasMath_t {
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
-cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 /// C = alpha op(A) op(B) + beta C, column-major, m x n x k; alpha and beta are host pointers
 /// (CUBLAS_POINTER_MODE_HOST, the default). With beta = 0, C is not read.
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,

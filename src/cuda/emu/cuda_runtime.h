@@ -159,12 +159,9 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
   return ::oasis_emu::from_bits<T>(::oasis_emu::warp_exchange(mask, ::oasis_emu::to_bits(var), src));
 }
 
-inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
-using std::isinf;
 using std::isnan;
 
 template <class F>

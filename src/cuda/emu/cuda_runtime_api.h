@@ -9,9 +9,7 @@
 #include <string>
 
 struct CUstream_st;
-struct CUevent_st;
 using cudaStream_t = CUstream_st*;
-using cudaEvent_t = CUevent_st*;
 
 /// The toolkit's values for the codes the emulator returns.
 enum cudaError {
@@ -55,12 +53,9 @@ struct cudaFuncAttributes {
 
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaGetDevice(int* device);
-cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceSynchronize();
-cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaGetLastError();
-cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t error);
 const char* cudaGetErrorName(cudaError_t error);
 
@@ -69,12 +64,6 @@ cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
 
-cudaError_t cudaEventCreate(cudaEvent_t* event);
-cudaError_t cudaEventDestroy(cudaEvent_t event);
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
-cudaError_t cudaEventSynchronize(cudaEvent_t event);
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
-
 /// What the emulator adds (not CUDA API): its identity and its fault record.
 namespace oasis_emu {
 /// Device faults seen so far in this process (faults in kernels, deadlocks, writes outside an
@@ -82,11 +71,6 @@ namespace oasis_emu {
 long long fault_count();
 /// The message of the most recent fault ("" if none).
 std::string last_fault();
-/// Counters of the emulated work since the start of the process.
-struct Stats {
-  long long launches = 0, blocks = 0, threads = 0, switches = 0;
-};
-Stats stats();
 /// The order in which the scheduler runs the blocks of a grid and resumes the runnable threads
 /// of a block on each pass: forward (block 0 and thread 0 first), reverse, or shuffled by a
 /// seeded generator. A race (a missing barrier) shows as a wrong result under some order:

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -100,7 +99,6 @@ struct ErrorState {
   long long faults = 0;
   std::string fault_message;
   std::string fault_text;  // what cudaGetErrorString returns for the fault's code
-  Stats stats;
 };
 ErrorState& err() {
   static ErrorState e;
@@ -149,7 +147,7 @@ struct Fiber {
   ucontext_t uc;
 #endif
   ThreadContext ctx{};
-  int linear = 0, warp = 0, lane = 0;
+  int warp = 0, lane = 0;
   State state = State::finished;
   std::uint64_t shuffle_result = 0;    // this lane's result of its last warp collective
   void* asan_fake_stack = nullptr;
@@ -246,7 +244,6 @@ void resume(Fiber* f) {
   Scheduler& s = sched();
   s.running = f;
   g_current = &f->ctx;
-  ++err().stats.switches;
 #if OASIS_EMU_ASAN
   __sanitizer_start_switch_fiber(&s.asan_fake_stack, f->stack, kStackBytes);
 #endif
@@ -400,7 +397,6 @@ bool run_block(Scheduler& s, const uint3& bidx, dim3 grid, dim3 blockdim) {
   b.warps.assign(static_cast<std::size_t>((n + 31) / 32), Warp{});
   for (int i = 0; i < n; ++i) {
     Fiber& f = s.fibers[static_cast<std::size_t>(i)];
-    f.linear = i;
     f.warp = i / 32;
     f.lane = i % 32;
     f.ctx.thread_idx = uint3{static_cast<unsigned>(i) % blockdim.x, (static_cast<unsigned>(i) / blockdim.x) % blockdim.y,
@@ -519,8 +515,6 @@ void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<voi
   }
   s.body = &body;
   s.kernel = kernel;
-  ErrorState& e = err();
-  ++e.stats.launches;
   const ThreadContext* saved = g_current;
   // Blocks in x-fastest order, reversed or shuffled with the schedule (a kernel that reads what
   // another block writes without a grid-wide synchronisation shows under one of the orders).
@@ -536,8 +530,6 @@ void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<voi
         s.order == Schedule::forward ? k : s.order == Schedule::reverse ? nblocks - 1 - k : order[k];
     const uint3 bidx{static_cast<unsigned>(lin % grid.x), static_cast<unsigned>(lin / grid.x % grid.y),
                      static_cast<unsigned>(lin / (1ull * grid.x * grid.y))};
-    ++e.stats.blocks;
-    e.stats.threads += static_cast<long long>(nthreads);
     if (!run_block(s, bidx, grid, block)) {
       g_current = saved;
       record_fault(cudaErrorLaunchFailure, s.block.fault_message);
@@ -568,7 +560,6 @@ Schedule schedule() { return sched().order; }
 
 long long fault_count() { return err().faults; }
 std::string last_fault() { return err().fault_message; }
-Stats stats() { return err().stats; }
 
 }  // namespace oasis_emu
 
@@ -630,7 +621,6 @@ cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : set_last(cudaErrorInvalidDevice); }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!prop) return set_last(cudaErrorInvalidValue);
   if (device != 0) return set_last(cudaErrorInvalidDevice);
@@ -645,13 +635,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() { return set_last(take_pending()); }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return set_last(take_pending()); }
 cudaError_t cudaGetLastError() {
   const cudaError_t e = err().last;
   err().last = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError() { return err().last; }
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -759,34 +747,6 @@ cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
   return cudaSuccess;
 }
 
-struct CUevent_st {
-  std::chrono::steady_clock::time_point t;
-  bool recorded = false;
-};
-cudaError_t cudaEventCreate(cudaEvent_t* event) {
-  if (!event) return set_last(cudaErrorInvalidValue);
-  *event = new CUevent_st;
-  return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  delete event;
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
-  if (!event) return set_last(cudaErrorInvalidResourceHandle);
-  event->t = std::chrono::steady_clock::now();
-  event->recorded = true;
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event ? set_last(take_pending()) : set_last(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (!ms || !start || !end || !start->recorded || !end->recorded) return set_last(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->t - start->t).count();
-  return cudaSuccess;
-}
-
 // --- cuBLAS SGEMM -------------------------------------------------------------------------------------------
 
 struct cublasContext {
@@ -808,10 +768,6 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   handle->mode = mode;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t) {
-  return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
-}
-
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                            const float* beta, float* C, int ldc) {

@@ -1,4 +1,4 @@
-// bench/bench_cpu.cpp — CPU micro-benchmarks (issue 7), each reported against the machine's own
+// bench/bench_cpu.cpp — CPU micro-benchmarks, each reported against the machine's own
 // ceilings measured earlier in the same run (float32 GEMM with Eigen, STREAM triad):
 //   Ceiling_*            GEMM GFLOP/s (n = 2048), triad GB/s (3 x 64 MiB arrays, 12 B/element)
 //   RowNormalizer_*      the reference row op (softmax1) and the fast path's vectorised exp

@@ -74,7 +74,7 @@ def conservative(data, bench, counter, ceiling_prefix, ceiling_counter):
 def targets(cpu, single):
     lines = ["Ratios here divide by the *larger* of the two same-run ceiling measurements (start and end "
              "of the run), the conservative choice; the tables below use the first.", "",
-             "| target (issue 7) | measured, 2 threads (wall time) | status | 1 thread, CPU-time ratio |",
+             "| target | measured, 2 threads (wall time) | status | 1 thread, CPU-time ratio |",
              "|---|---:|---|---:|"]
 
     def fmt(x):

@@ -7,10 +7,6 @@ include(GoogleTest)
 find_package(GTest REQUIRED)
 find_package(rapidcheck REQUIRED)
 
-# Shared test helpers (tests/support: random instances, comparison with first-mismatch printing).
-add_library(oasis_test_support INTERFACE)
-target_include_directories(oasis_test_support INTERFACE ${PROJECT_SOURCE_DIR}/tests/support)
-
 function(oasis_add_gtest)
   cmake_parse_arguments(A "" "NAME;TIMEOUT;BASE;PREFIX" "SOURCES;LABELS;LIBS" ${ARGN})
   if(NOT A_BASE)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the micro-benchmarks (CPU; GPU when a device and bench/cuda's benchmarks are present) and
-# writes docs/benchmarks.md: machine, date, load, the targets of issue 7, the tables, and the notes
+# writes docs/benchmarks.md: machine, date, load, the performance targets, the tables, and the notes
 # (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them. A second run with
 # one thread (fast kernels and ceilings only) adds ratios from process CPU time, which a busy
 # shared machine does not distort.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA backend (issue 5), for a machine with an NVIDIA GPU (H100/H200: sm_90).
+# GPU check of the CUDA backend, for a machine with an NVIDIA GPU (H100/H200: sm_90).
 #
 #   bash scripts/gpu-check.sh LOGDIR
 #

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "compare.hpp"
+#include "oasis/verify/compare.hpp"
 #include "selfcheck.hpp"
 
 namespace {

@@ -14,9 +14,7 @@
 #include "oasis/io/json.hpp"
 #include "oasis/oasis.hpp"
 
-#if defined(OASIS_VERIFY_HAVE_CATALOGUE)
 #include "check.hpp"
-#endif
 
 namespace oasis::verify {
 namespace {
@@ -188,19 +186,9 @@ std::string fmt(double x) {
 
 }  // namespace
 
-bool catalogue_linked() {
-#if defined(OASIS_VERIFY_HAVE_CATALOGUE)
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::vector<std::string> selfcheck_ids() {
   std::vector<std::string> ids;
-#if defined(OASIS_VERIFY_HAVE_CATALOGUE)
   for (const auto& c : checks::catalogue()) ids.push_back(c.id);
-#endif
   for (const auto& c : attention_cases()) ids.push_back("parity.attention." + c.id);
   for (const auto& c : depth_cases()) ids.push_back("parity.depth." + c.id);
   return ids;
@@ -219,7 +207,6 @@ std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt) {
   const std::vector<Backend> backends = available_backends();
   struct Job { std::string id; std::function<std::vector<SelfcheckRow>()> run; };
   std::vector<Job> jobs;
-#if defined(OASIS_VERIFY_HAVE_CATALOGUE)
   for (const auto& c : checks::catalogue()) {
     if (!selected(opt.only, c.id)) continue;
     jobs.push_back({c.id, [&opt, &c] {
@@ -232,7 +219,6 @@ std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt) {
       return rows;
     }});
   }
-#endif
   // Parity runs a few instances: each needs the mp50 oracle (about 0.1-0.5 s per instance).
   const int parity_instances = opt.instances > 0 ? std::min(opt.instances, 4) : 2;
   for (const auto& c : attention_cases())
@@ -283,7 +269,6 @@ std::string format_selfcheck(const std::vector<SelfcheckRow>& rows) {
   os << "worst error: max |value - high precision| / documented bound (<= 1 passes); worst margin: normalised\n"
         "slack of the paper's inequality (passes down to minus the rounding allowance of the scalar);\n"
         "'-' = not applicable.\n";
-  if (!catalogue_linked()) os << "note: the proofs catalogue (oasis_proofs) was not built in; parity rows only.\n";
   os << "backends: ";
   for (Backend b : available_backends()) os << to_string(b) << " ";
   for (Backend b : {Backend::reference, Backend::cpu_fast, Backend::cuda})
@@ -313,7 +298,7 @@ std::string selfcheck_json(const std::vector<SelfcheckRow>& rows) {
        << ",\"worst_error\":" << jnum(r.worst_error) << ",\"worst_margin\":" << jnum(r.worst_margin)
        << ",\"passed\":" << (r.passed ? "true" : "false") << ",\"message\":" << quote(r.message) << "}";
   }
-  os << "\n],\"catalogue_linked\":" << (catalogue_linked() ? "true" : "false") << ",\"passed\":" << (all ? "true" : "false")
+  os << "\n],\"passed\":" << (all ? "true" : "false")
      << "}\n";
   return os.str();
 }

@@ -36,9 +36,6 @@ std::vector<std::string> selfcheck_ids();
 /// Run the selected checks; throws oasis::invalid_argument for an --only that matches nothing.
 std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt);
 
-/// True if the catalogue of proofs_checks/ was linked in (false: parity rows only).
-bool catalogue_linked();
-
 std::string format_selfcheck(const std::vector<SelfcheckRow>& rows);
 std::string selfcheck_json(const std::vector<SelfcheckRow>& rows);
 

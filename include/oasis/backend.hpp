@@ -1,7 +1,7 @@
 // oasis/backend.hpp — one API, several backends (float32 data).
 //
 //   Backend::reference  the scalar-generic reference (oasis/attention.hpp, oasis/depth.hpp) in float
-//   Backend::cpu_fast   fused, tiled, OpenMP CPU path (src/cpu/)
+//   Backend::cpu_fast   fused, tiled, OpenMP CPU path (src/cpu_fast/)
 //   Backend::cuda       CUDA kernels (src/cuda/), when built with the toolkit and a device is present
 // A user switches backends by changing one argument; tests are written once, parameterised over
 // available_backends(). Every backend validates its arguments with the same checks as the
@@ -40,8 +40,8 @@ DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const 
                                  const DepthOptions& opt = {});
 
 namespace detail {
-// Implemented by each backend's translation units (src/cpu/backend_cpu_fast.cpp, src/cuda/ or
-// src/cpu/backend_cuda_absent.cpp). Arguments are already validated by the dispatcher.
+// Implemented by each backend's translation units (src/cpu_fast/backend_cpu_fast.cpp, src/cuda/ or
+// src/core/backend_cuda_absent.cpp). Arguments are already validated by the dispatcher.
 bool cpu_fast_available(std::string* why);
 AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
                                                 const Tensor<float>& v, const AttentionOptions& opt);

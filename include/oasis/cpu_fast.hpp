@@ -1,4 +1,4 @@
-// oasis/cpu_fast.hpp — the fast CPU path (Backend::cpu_fast) with explicit control (issue 7).
+// oasis/cpu_fast.hpp — the fast CPU path (Backend::cpu_fast) with explicit control.
 //
 // Backend::cpu_fast in oasis/backend.hpp runs the same code; this header adds what a user of the
 // fast path needs beyond the one-call API:

@@ -1,6 +1,6 @@
 // oasis/instances.hpp — explicit instantiations of the core for the supported scalars.
 //
-// The compiled library (target oasis::oasis, src/cpu/instantiate_*.cpp) instantiates the core
+// The compiled library (target oasis::oasis, src/core/instantiate_*.cpp) instantiates the core
 // once per scalar; code that links it sees `extern template` declarations here and does not
 // re-instantiate — which matters for the multiprecision types (15–60 s per translation unit).
 // Header-only use (no oasis::oasis) simply leaves OASIS_COMPILED_INSTANCES undefined.

@@ -91,7 +91,7 @@ class Tensor {
     return out;
   }
 
-  /// Same storage, new shape with the same number of elements.
+  /// A copy with a new shape of the same number of elements.
   Tensor reshaped(Shape s) const {
     OASIS_REQUIRE(shape_numel(s) == size(), "shape", "cannot reshape ", shape_str(shape_), " to ",
                   shape_str(s));

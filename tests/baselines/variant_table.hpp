@@ -1,4 +1,4 @@
-// The variant table of issue 8: for a small AttnRes model with identical weights under each
+// The variant table: for a small AttnRes model with identical weights under each
 // variant of the SPEC §4 table (plus OASIS at beta = 0, the token-normaliser baselines, gated
 // attention and the S2 prefix sink), the outlier and sink metrics of its trace, the Definition
 // 5.1/5.2 pathology scores, and the end-to-end output error of a fake-quantised forward.

@@ -1,4 +1,4 @@
-// Fast CPU path (issue 7): parity of the fused attention with the mp50 oracle under the
+// Fast CPU path: parity of the fused attention with the mp50 oracle under the
 // criterion of parity_bound.hpp, for every instruction-set variant this CPU runs; depth routing
 // bitwise equal to the reference; the vectorised exp within its documented error; identical
 // validation messages; overflowed scores (NaN, +inf) rejected as the reference rejects them, -inf

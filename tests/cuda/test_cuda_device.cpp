@@ -1,4 +1,4 @@
-// CUDA backend (issue 5), device tests: the device-pointer entry point, the psi reduction and one
+// CUDA backend, device tests: the device-pointer entry point, the psi reduction and one
 // full AttnRes sublayer forward against a host composition of the core functions (float: the
 // plain reference; long double: the oracle). Each test skips with the reason when no device is
 // present.

@@ -1,4 +1,4 @@
-// CUDA backend (issue 5), host-only tests: they run without a GPU. They check the availability
+// CUDA backend, host-only tests: they run without a GPU. They check the availability
 // report, the 16-bit storage conversions, argument validation (which runs before any device
 // work, so every error names its argument on any machine), and the fused kernel's per-row state
 // machine (src/cuda/online_softmax.hpp, the code the kernel runs) through a host simulation of

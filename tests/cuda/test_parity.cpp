@@ -1,4 +1,4 @@
-// CUDA backend (issue 5): parity of every backend with the high-precision oracle. The test bodies
+// CUDA backend: parity of every backend with the high-precision oracle. The test bodies
 // are written once and parameterised over the backends (reference, cpu_fast, cuda); a backend
 // that is not available in this process skips with its reason. The rule (parity_rule.hpp):
 // |x - x_hp| <= 2 |x_ref - x_hp| + b, b the derived float bound of oasis/error_bounds.hpp.

@@ -1,4 +1,4 @@
-// Model family: the baselines of issue 8 inside the model — fake weight-activation quantisation
+// Model family: the paper's baselines inside the model — fake weight-activation quantisation
 // (ForwardOptions::quant), gated attention and the S2 prefix sink (ModelConfig options).
 //   * hook off: every traced sublayer equals the public layer functions without options bitwise;
 //   * hook on: every traced MLP and (gated) attention sublayer equals the composition of
@@ -320,7 +320,7 @@ TEST(ModelBaselines, DefaultsOffInitUnchangedSaveLoadBitExact) {
   const auto ids = tokens(kB * kT, 93, cfg.vocab_size);
   EXPECT_TRUE(exactly_equal("logits", back.forward(ids, kB, kT).logits, m.forward(ids, kB, kT).logits));
   std::remove(path.c_str());
-  // A file written without the keys (before issue 8) loads with both options off.
+  // A file written without the keys (before the baseline options existed) loads with both options off.
   auto meta = om::config_metadata(base);
   meta.erase("oasis.gated_attention");
   meta.erase("oasis.prefix_sink");

@@ -1,4 +1,4 @@
-// Model family: safetensors save/load of Model<T> (issue 3). Save then load reproduces every
+// Model family: safetensors save/load of Model<T> . Save then load reproduces every
 // weight and the logits bit for bit (float as F32, double as F64); a missing, mis-shaped,
 // non-finite or unexpected tensor is an error naming it; renaming maps external names in.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Model family: structure of the AttnRes transformer oracle (issue 3, SPEC §2–4).
+// Model family: structure of the AttnRes transformer oracle (SPEC §2–4).
 // Source sets of Full/Block AttnRes, N = L blocks equals Full, zero pseudo-queries give uniform
 // depth weights, beta = 0 equals AoS, each variant selects its normalisers (through the trace),
 // psi of every attention sublayer feeds every later router, head-less rules, the authors'

@@ -10,14 +10,11 @@
 #include <string>
 #include <unistd.h>
 
-#include "compare.hpp"
+#include "oasis/verify/compare.hpp"
 #include "oasis/error_bounds.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
-#if __has_include("oasis/model/io.hpp")
 #include "oasis/model/io.hpp"
-#define OASIS_VERIFY_TEST_MODEL 1
-#endif
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
 
@@ -269,14 +266,16 @@ TEST(VerifyCompare, NormalizerPsiCouplingDepthPseudoQueryPassAndFail) {
   r = run_config(dir, dcfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
   EXPECT_EQ(r.tensors.size(), 5u);
-  // coupling op on the same inputs: only g and dpsi
-  const std::string ccfg = R"({"op": "coupling", "inputs": "d_in.safetensors", "outputs": "d_out.safetensors",
+  // coupling op on the same files, naming its tensors (it takes g_old, psi and gives g, dpsi only)
+  const std::string ccfg = R"({"op": "coupling", "inputs": {"g_old": "d_in.safetensors", "psi": "d_in.safetensors"},
+      "outputs": {"g": "d_out.safetensors", "dpsi": "d_out.safetensors"},
       "options": {"kinds": ["initial", "attention", "headless", "attention"], "theta": 0.7}})";
   r = run_config(dir, ccfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
   EXPECT_EQ(r.tensors.size(), 2u);
   // the authors' centring convention gives other logits: the paper_v2 outputs must fail
-  const std::string acfg = R"({"op": "coupling", "inputs": "d_in.safetensors", "outputs": "d_out.safetensors",
+  const std::string acfg = R"({"op": "coupling", "inputs": {"g_old": "d_in.safetensors", "psi": "d_in.safetensors"},
+      "outputs": {"g": "d_out.safetensors", "dpsi": "d_out.safetensors"},
       "options": {"kinds": ["initial", "attention", "headless", "attention"], "theta": 0.7, "profile": "authors_code"}})";
   EXPECT_FALSE(run_config(dir, acfg).passed);
 
@@ -309,7 +308,18 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   expect_error(R"({"op": "attention", "inputs": "missing.safetensors", "outputs": "outputs.safetensors"})", "missing.safetensors");
   expect_error(R"({"op": "attention", "inputs": "outputs.safetensors", "outputs": "outputs.safetensors"})",
                "needs input tensor 'q'");
-  expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "inputs.safetensors"})", "none of the op's outputs");
+  expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "inputs.safetensors"})", "none of the outputs of op attention");
+  // a misspelt output or input name is an error listing the known names, never silently ignored
+  io::TensorMap misspelt = attention_outputs(c, io::DType::f32);
+  misspelt.emplace("pnull", misspelt.at("p_null"));
+  io::write_safetensors(dir + "/misspelt.safetensors", misspelt);
+  expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "misspelt.safetensors"})",
+               "unknown output tensor 'pnull' for op attention (outputs: out, lse, p_null, probs)");
+  io::TensorMap sinks = attention_inputs(c);
+  sinks.emplace("sinks", io::StoredTensor{io::DType::f32, Tensor<double>({4})});
+  io::write_safetensors(dir + "/sinks.safetensors", sinks);
+  expect_error(R"({"op": "attention", "inputs": "sinks.safetensors", "outputs": "outputs.safetensors"})",
+               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits)");
   // key_lengths of the wrong size: the oracle's own argument check names it
   expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "outputs.safetensors", "options": {"key_lengths": [1]}})",
                "key_lengths");
@@ -327,7 +337,6 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   EXPECT_NE(find(r, "lse").problem.find("shape [2, 24]"), std::string::npos);
 }
 
-#if defined(OASIS_VERIFY_TEST_MODEL)
 namespace om = oasis::model;
 
 /// The small test model: OASIS variant, Kimi full router, 2 blocks, d = 16, vocab 32; init_std
@@ -654,4 +663,4 @@ TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
     EXPECT_NE(std::string(e.what()).find("layers.1.mlp.g_old"), std::string::npos) << e.what();
   }
 }
-#endif
+

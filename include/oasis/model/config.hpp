@@ -90,7 +90,7 @@ struct ModelConfig {
   index_t authors_rank = 0;          ///< authors' q/k width; 0: max(d_model / 4, 64)
   bool tie_embeddings = false;       ///< LM head shares embed_tokens.weight
 
-  // --- attention baselines inside the model (issue 8; oasis/baselines.hpp, docs/model.md) -------
+  // --- attention baselines inside the model (oasis/baselines.hpp, docs/model.md) -------
   /// Gated attention: each head's context times sigmoid(<RMSNorm(h)_t, w_h> + c_h) before W_o
   /// (oasis::head_gates; parameters layers.{b}.attn.head_gate.weight [H, d], .bias [H]).
   bool gated_attention = false;

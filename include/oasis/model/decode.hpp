@@ -1,4 +1,4 @@
-// oasis/model/decode.hpp — incremental decoding of the AttnRes model (issue 3).
+// oasis/model/decode.hpp — incremental decoding of the AttnRes model .
 //
 // A Decoder holds one key/value cache per attention sublayer (post-RoPE keys and values of every
 // position so far) and the position counter. Each step runs the new positions through

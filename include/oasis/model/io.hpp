@@ -123,7 +123,7 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   c.key_norm_gain = flag("key_norm_gain");
   c.authors_rank = integer("authors_rank");
   c.tie_embeddings = flag("tie_embeddings");
-  // Added with issue 8: files written before carry neither key and have both options off.
+  // Files written before the baseline options existed carry neither key and have both options off.
   if (m.count("oasis.gated_attention")) c.gated_attention = flag("gated_attention");
   if (m.count("oasis.prefix_sink")) c.prefix_sink = flag("prefix_sink");
   c.init_std = real("init_std");

@@ -555,8 +555,8 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
 
 }  // namespace oasis::model
 
-// The compiled library instantiates Model for float, double, long double (src/cpu/model_builtin.cpp)
-// and oasis::mp50 (src/cpu/model_mp50.cpp); code linking oasis::oasis does not re-instantiate.
+// The compiled library instantiates Model for float, double, long double (src/core/model_builtin.cpp)
+// and oasis::mp50 (src/core/model_mp50.cpp); code linking oasis::oasis does not re-instantiate.
 #if defined(OASIS_COMPILED_INSTANCES) && !defined(OASIS_MODEL_INSTANTIATING)
 extern template class oasis::model::Model<float>;
 extern template class oasis::model::Model<double>;

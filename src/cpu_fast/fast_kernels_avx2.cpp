@@ -1,4 +1,4 @@
-// src/cpu/fast_kernels_avx2.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx2.
+// src/cpu_fast/fast_kernels_avx2.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx2.
 // The target region starts after every include; see fast_kernels.hpp.
 #include "fast_kernels.hpp"
 

@@ -1,4 +1,4 @@
-// src/cpu/fast_kernels_generic.cpp — the fast CPU kernels (fast_kernels_impl.inc) for the
+// src/cpu_fast/fast_kernels_generic.cpp — the fast CPU kernels (fast_kernels_impl.inc) for the
 // baseline ISA (SSE2 on x86-64; whatever 16-byte vectors the target has elsewhere). No fused
 // multiply-add: vfma is a multiply and an add.
 #include "fast_kernels.hpp"

@@ -1,4 +1,4 @@
-// tests/cpu_fast/parity_bound.hpp — the acceptance criterion of the fast CPU path (issue 7),
+// tests/support/parity_bound.hpp — the acceptance criterion of the fast CPU path,
 // shared by the parity tests and the benchmarks' pre-timing validation (no GoogleTest here).
 //
 // For every output element x (out, LSE, p_null, probabilities), with x_mp the oasis::mp50 result

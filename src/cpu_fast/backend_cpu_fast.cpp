@@ -1,4 +1,4 @@
-// Fast CPU backend (Backend::cpu_fast, include/oasis/cpu_fast.hpp; issue 7).
+// Fast CPU backend (Backend::cpu_fast, include/oasis/cpu_fast.hpp).
 //
 // Token attention: the fused, tiled, online-normalised kernel of fast_kernels_impl.inc, run by
 // OpenMP over (batch, query head, block of kBq queries), most expensive causal blocks first.

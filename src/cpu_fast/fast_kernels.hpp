@@ -1,4 +1,4 @@
-// src/cpu/fast_kernels.hpp — internal interface of the fast CPU kernels (issue 7).
+// src/cpu_fast/fast_kernels.hpp — internal interface of the fast CPU kernels.
 //
 // The kernels are written once (fast_kernels_impl.inc) over a GCC/Clang vector type of W float
 // lanes and compiled three times, each under its own target region: avx512 (W = 16), avx2+fma

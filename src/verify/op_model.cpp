@@ -1,4 +1,4 @@
-// verify/compare_model.cpp — `compare` at the model level (op "model"; docs/verify.md).
+// src/verify/op_model.cpp — the model level (op "model", check_model; docs/verify.md).
 //
 // The weights and the configuration come from a file written by oasis::model::save_model
 // (oasis/model/io.hpp). Every verdict is LOCAL: a step of the model is recomputed in mp50 from
@@ -26,17 +26,13 @@
 
 #include "oasis/error_bounds.hpp"
 
-#include "compare_detail.hpp"
+#include "engine.hpp"
 #include "oasis/io/safetensors.hpp"
 
-#if __has_include("oasis/model/io.hpp")
 #include "oasis/model/io.hpp"
-#define OASIS_VERIFY_HAVE_MODEL 1
-#endif
 
 namespace oasis::verify::detail {
 
-#if defined(OASIS_VERIFY_HAVE_MODEL)
 namespace {
 
 const io::StoredTensor* find_t(const io::TensorMap& m, const std::string& name) {
@@ -311,13 +307,9 @@ void check_sublayer_steps(const oasis::model::Model<mp50>& m, const oasis::model
 }
 
 }  // namespace
-#endif
 
-CompareReport op_model(const io::json::Value& model, const std::string& base_dir, const io::TensorMap& inputs,
-                       const io::TensorMap& outputs, const CompareOptions& opt) {
-  OASIS_REQUIRE(model.is_string(), "model", "must be the path of a weights file (.safetensors)");
-  const std::string path = (model.text.empty() || model.text[0] == '/') ? model.text : base_dir + "/" + model.text;
-#if defined(OASIS_VERIFY_HAVE_MODEL)
+CompareReport run_model(const std::string& path, const io::TensorMap& inputs, const io::TensorMap& outputs,
+                        const CompareOptions& opt) {
   const oasis::model::Model<mp50> m = oasis::model::load_model<mp50>(path);
   auto it = inputs.find("ids");
   OASIS_REQUIRE(it != inputs.end(), "inputs", "op model needs input tensor 'ids' [B, T] (token ids)");
@@ -384,10 +376,6 @@ CompareReport op_model(const io::json::Value& model, const std::string& base_dir
   rep.passed = true;  // informative tensors carry no verdict
   for (const auto& t : rep.tensors) rep.passed = rep.passed && (t.informative || t.passed);
   return rep;
-#else
-  (void)inputs; (void)outputs; (void)opt;
-  throw invalid_argument("op", "op model needs oasis/model/io.hpp, which this build does not have (" + path + ")");
-#endif
 }
 
 }  // namespace oasis::verify::detail

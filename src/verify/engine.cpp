@@ -1,0 +1,338 @@
+// src/verify/engine.cpp — the compare engine's entry points (oasis/verify/compare.hpp): reading a
+// configuration and its tensor files, validating a call against its op's spec, running the op.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "engine.hpp"
+#include "oasis/io/npy.hpp"
+#include "oasis/io/safetensors.hpp"
+
+namespace oasis::verify {
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+std::vector<std::string> Options::keys() const {
+  std::vector<std::string> k;
+  if (v_)
+    for (const auto& m : v_->members) k.push_back(m.first);
+  return k;
+}
+bool Options::boolean(const std::string& key, bool def) const {
+  const Value* x = get(key);
+  if (!x) return def;
+  OASIS_REQUIRE(x->is_bool(), key, "must be true or false");
+  return x->b;
+}
+double Options::number(const std::string& key, double def) const {
+  const Value* x = get(key);
+  if (!x) return def;
+  OASIS_REQUIRE(x->is_number(), key, "must be a number");
+  return x->as_double();
+}
+std::string Options::string(const std::string& key, const std::string& def) const {
+  const Value* x = get(key);
+  if (!x) return def;
+  OASIS_REQUIRE(x->is_string(), key, "must be a string");
+  return x->text;
+}
+std::vector<double> Options::numbers(const std::string& key) const {
+  std::vector<double> out;
+  const Value* x = get(key);
+  if (!x) return out;
+  OASIS_REQUIRE(x->is_array(), key, "must be an array of numbers");
+  for (const auto& e : x->items) {
+    OASIS_REQUIRE(e.is_number(), key, "must be an array of numbers");
+    out.push_back(e.as_double());
+  }
+  return out;
+}
+std::vector<index_t> Options::integers(const std::string& key) const {
+  std::vector<index_t> out;
+  const Value* x = get(key);
+  if (!x) return out;
+  OASIS_REQUIRE(x->is_array(), key, "must be an array of non-negative integers");
+  for (const auto& e : x->items) {
+    std::uint64_t u;
+    OASIS_REQUIRE(e.as_uint64(&u) && u < (1ull << 62), key, "must be an array of non-negative integers");
+    out.push_back(static_cast<index_t>(u));
+  }
+  return out;
+}
+std::vector<std::string> Options::strings(const std::string& key) const {
+  std::vector<std::string> out;
+  const Value* x = get(key);
+  if (!x) return out;
+  OASIS_REQUIRE(x->is_array(), key, "must be an array of strings");
+  for (const auto& e : x->items) {
+    OASIS_REQUIRE(e.is_string(), key, "must be an array of strings");
+    out.push_back(e.text);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "none" : s;
+}
+
+std::string names_of(const TensorMap& m) {
+  std::vector<std::string> n;
+  for (const auto& kv : m) n.push_back(kv.first);
+  return join_names(n);
+}
+
+const StoredTensor& need(const TensorMap& m, const std::string& name, const std::string& op) {
+  auto it = m.find(name);
+  OASIS_REQUIRE(it != m.end(), "inputs", "op ", op, " needs input tensor '", name, "' (the inputs hold: ", names_of(m), ")");
+  for (index_t i = 0; i < it->second.values.size(); ++i)
+    OASIS_REQUIRE(!std::isnan(it->second.values[i]), "inputs", "tensor '", name, "' holds NaN at flat index ", i);
+  return it->second;
+}
+
+const StoredTensor* maybe(const TensorMap& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() ? nullptr : &it->second;
+}
+
+RowNorm token_normalizer(const Options& o, const std::string& key) {
+  const RowNorm n = parse_row_norm(o.string(key, "softmax1"));
+  OASIS_REQUIRE(n == RowNorm::softmax || n == RowNorm::softmax1, key,
+                "compare supports softmax and softmax1 (the error bounds of the other normalisers are not derived)");
+  return n;
+}
+
+Tensor<double> PlainBounds::get(const std::string& name, DType d) {
+  BoundMap& m = d == DType::f64 ? wide_ : narrow_;
+  if (m.empty()) m = fn_(d == DType::f64);
+  auto it = m.find(name);
+  OASIS_REQUIRE(it != m.end(), "outputs", "no error bound for '", name, "'");
+  Tensor<double> b = it->second;
+  const double s = d == DType::f64 ? 1.0 : unit_roundoff(d) / unit_roundoff(DType::f32);
+  for (index_t i = 0; i < b.size(); ++i) b[i] *= s;
+  return b;
+}
+
+void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
+                     PlainBounds& bounds, const CompareOptions& opt) {
+  for (const auto& [name, t] : outputs) {
+    auto it = refs.find(name);
+    if (it == refs.end()) continue;  // an input of the op held in the same file (the engine checked the names)
+    rep.tensors.push_back(compare_tensor(name, t, *it->second,
+                                         t.values.shape() == it->second->shape() ? bounds.get(name, t.dtype)
+                                                                                 : Tensor<double>(),
+                                         opt.show));
+  }
+  rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// validation of a call against its spec
+
+std::vector<std::string> names(const std::vector<TensorSpec>& v) {
+  std::vector<std::string> n;
+  for (const auto& t : v) n.push_back(t.name);
+  return n;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+/// Unknown options, inputs or outputs are errors listing the known names; a tensor that belongs
+/// to the other set (inputs and outputs read from one file) is allowed and not compared.
+void validate_call(const OpSpec& s, const TensorMap& in, const TensorMap& out, const Options& o) {
+  for (const auto& k : o.keys())
+    OASIS_REQUIRE(contains(s.options, k), "options", "unknown option '", k, "' for op ", s.name,
+                  " (known: ", join_names(s.options), ")");
+  const std::vector<std::string> ins = names(s.inputs), outs = names(s.outputs);
+  for (const auto& [name, t] : in) {
+    (void)t;
+    OASIS_REQUIRE(contains(ins, name) || contains(outs, name), "inputs", "unknown input tensor '", name, "' for op ",
+                  s.name, " (inputs: ", join_names(ins), ")");
+  }
+  bool any = false;
+  for (const auto& [name, t] : out) {
+    (void)t;
+    OASIS_REQUIRE(contains(outs, name) || contains(ins, name), "outputs", "unknown output tensor '", name, "' for op ",
+                  s.name, " (outputs: ", join_names(outs), ")");
+    any = any || contains(outs, name);
+  }
+  OASIS_REQUIRE(any, "outputs", "none of the outputs of op ", s.name, " (", join_names(outs),
+                ") is present, so nothing would be checked; the outputs hold: ", names_of(out));
+  for (const auto& t : s.inputs)
+    OASIS_REQUIRE(!t.required || in.count(t.name), "inputs", "op ", s.name, " needs input tensor '", t.name, "' ", t.shape,
+                  " (the inputs hold: ", names_of(in), ")");
+}
+
+const std::vector<OpSpec>& op_specs() {
+  static const std::vector<OpSpec> specs = {normalizer_op(), attention_op(),   psi_op(),
+                                            coupling_op(),   depth_op(),       pseudo_query_op()};
+  return specs;
+}
+
+const OpSpec& op_spec(const std::string& name) {
+  for (const auto& s : op_specs())
+    if (s.name == name) return s;
+  throw invalid_argument("op", "unknown op '" + name + "' (known: " + join_names(op_names()) + ")");
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+std::string dir_of(const std::string& p) {
+  const auto k = p.find_last_of('/');
+  return k == std::string::npos ? "." : (k == 0 ? "/" : p.substr(0, k));
+}
+std::string join(const std::string& base, const std::string& p) {
+  if (p.empty() || p[0] == '/' || base.empty()) return p;
+  return base + "/" + p;
+}
+
+TensorMap read_tensor_file(const std::string& path, const std::string& what) {
+  if (ends_with(path, ".safetensors")) return io::read_safetensors(path);
+  OASIS_REQUIRE(!ends_with(path, ".npy"), what,
+                "'", path, "' is one .npy array; list the tensors as an object {\"name\": \"file.npy\", ...}");
+  throw invalid_argument(what, "'" + path + "': unknown file type (expected .safetensors, or .npy files by name)");
+}
+
+/// "inputs"/"outputs": a .safetensors path, or an object {tensor name: .npy or .safetensors path}.
+TensorMap load_set(const Value* spec, const std::string& base, const std::string& default_file, const std::string& what) {
+  if (!spec) {
+    OASIS_REQUIRE(!default_file.empty(), what, "missing (a .safetensors path or an object {name: file})");
+    return read_tensor_file(default_file, what);
+  }
+  if (spec->is_string()) return read_tensor_file(join(base, spec->text), what);
+  OASIS_REQUIRE(spec->is_object(), what, "must be a .safetensors path or an object {name: file}");
+  TensorMap out;
+  for (const auto& [name, v] : spec->members) {
+    OASIS_REQUIRE(v.is_string(), what, "entry '", name, "' must be a file path");
+    const std::string path = join(base, v.text);
+    if (ends_with(path, ".npy")) {
+      out.emplace(name, io::read_npy(path));
+    } else if (ends_with(path, ".safetensors")) {
+      TensorMap m = io::read_safetensors(path);
+      auto it = m.find(name);
+      if (it == m.end() && m.size() == 1) it = m.begin();
+      OASIS_REQUIRE(it != m.end(), what, "'", path, "' has no tensor named '", name, "'");
+      out.emplace(name, it->second);
+    } else {
+      throw invalid_argument(what, "entry '" + name + "': '" + path + "' is neither .npy nor .safetensors");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> n;
+  for (const auto& s : op_specs()) n.push_back(s.name);
+  n.push_back("model");
+  return n;
+}
+
+CompareReport check(const std::string& op, const TensorMap& inputs, const TensorMap& outputs, const Value& options,
+                    const CompareOptions& opt) {
+  OASIS_REQUIRE(op != "model", "op", "the model level is check_model(weights_file, inputs, trace)");
+  const OpSpec& s = op_spec(op);
+  const Options o(&options);
+  validate_call(s, inputs, outputs, o);
+  CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
+  rep.op = op;
+  for (const auto& [name, t] : outputs) {
+    (void)t;
+    if (!rep.tensors.empty() && std::none_of(s.outputs.begin(), s.outputs.end(), [&](const TensorSpec& x) { return x.name == name; }))
+      rep.notes.push_back("'" + name + "' is an input of op " + op + " held with the outputs; not compared");
+  }
+  OASIS_REQUIRE(!rep.tensors.empty(), "outputs", "op ", op, " checked no tensor");
+  return rep;
+}
+
+CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
+                          const Value& options, const CompareOptions& opt) {
+  const Options o(&options);
+  for (const auto& k : o.keys()) throw invalid_argument("options", "unknown option '" + k + "' for op model (known: none)");
+  return run_model(weights_file, inputs, trace, opt);
+}
+
+std::string describe_ops() {
+  std::string s;
+  auto tensors = [](const std::vector<TensorSpec>& v) {
+    std::string t;
+    for (const auto& x : v) t += (t.empty() ? "" : ", ") + x.name + " " + x.shape + (x.required ? "" : " (optional)");
+    return t;
+  };
+  for (const auto& op : op_specs()) {
+    char head[32];
+    std::snprintf(head, sizeof head, "  %-13s ", op.name.c_str());
+    s += head + std::string("inputs ") + tensors(op.inputs) + "\n";
+    s += "                outputs " + tensors(op.outputs) + "\n";
+    if (!op.options.empty()) s += "                options " + join_names(op.options) + "\n";
+    if (!op.help.empty()) s += "                " + op.help + "\n";
+  }
+  s += "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
+       "                inputs ids [B,T]; outputs logits [B,T,vocab] and trace tensors <sublayer>.<field>\n"
+       "                (docs/verify.md, model level)\n";
+  return s;
+}
+
+CompareReport compare_config(const Value& cfg, const std::string& base_dir, const std::string& default_file,
+                             const CompareOptions& opt) {
+  OASIS_REQUIRE(cfg.is_object(), "config", "must be a JSON object with \"op\", \"inputs\", \"outputs\", \"options\"");
+  for (const auto& m : cfg.members)
+    OASIS_REQUIRE(m.first == "op" || m.first == "inputs" || m.first == "outputs" || m.first == "options" ||
+                      m.first == "description" || m.first == "model",
+                  "config", "unknown key '", m.first, "' (known: op, inputs, outputs, options, description, model)");
+  const Value* opv = cfg.find("op");
+  OASIS_REQUIRE(opv && opv->is_string(), "op", "missing; one of ", join_names(op_names()));
+  const std::string op = opv->text;
+  if (op != "model") (void)op_spec(op);  // unknown op: an error before any file is read
+  OASIS_REQUIRE((op == "model") == (cfg.find("model") != nullptr), "model",
+                op == "model" ? "op model needs \"model\": the weights file written by oasis::model::save_model"
+                              : "the key \"model\" belongs to op model only");
+  static const Value none;
+  const Value* options = cfg.find("options");
+  const TensorMap in = load_set(cfg.find("inputs"), base_dir, default_file, "inputs");
+  const TensorMap out = load_set(cfg.find("outputs"), base_dir, default_file, "outputs");
+  if (op == "model") {
+    const Value& mv = *cfg.find("model");
+    OASIS_REQUIRE(mv.is_string(), "model", "must be the path of a weights file (.safetensors)");
+    return check_model(join(base_dir, mv.text), in, out, options ? *options : none, opt);
+  }
+  return check(op, in, out, options ? *options : none, opt);
+}
+
+CompareReport compare_config_file(const std::string& path, const CompareOptions& opt) {
+  std::string text, default_file;
+  if (ends_with(path, ".safetensors")) {
+    const auto md = io::read_safetensors_metadata(path);
+    auto it = md.find("oasis_config");
+    OASIS_REQUIRE(it != md.end(), path, "has no \"oasis_config\" entry in its __metadata__ (see docs/verify.md)");
+    text = it->second;
+    default_file = path;
+  } else {
+    text = io::detail::read_file_bytes(path);
+  }
+  Value cfg;
+  try {
+    cfg = io::json::parse(text);
+  } catch (const io::json::parse_error& e) {
+    throw invalid_argument(path, std::string("configuration is not valid JSON: ") + e.what());
+  }
+  return compare_config(cfg, dir_of(path), default_file, opt);
+}
+
+}  // namespace oasis::verify

@@ -1,0 +1,142 @@
+// src/verify/engine.hpp — the compare engine's internal pieces, shared by its op files.
+//
+// An op is one OpSpec (op_specs() in engine.cpp lists them): its input and output tensor names, its option keys
+// and a function from an OpCall to a CompareReport. The engine (engine.cpp) validates the call
+// against the spec before the op runs — an unknown option, input or output name is an error that
+// lists the known names, a missing required input is an error naming it — so every op file
+// holds only its mathematics. To add an op: write src/verify/op_<name>.cpp with a function
+// returning its OpSpec and list it in op_specs().
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "oasis/error.hpp"
+#include "oasis/io/dtype.hpp"
+#include "oasis/io/json.hpp"
+#include "oasis/multiprecision.hpp"
+#include "oasis/normalizer.hpp"
+#include "oasis/depth.hpp"
+#include "oasis/verify/compare.hpp"
+
+namespace oasis::verify::detail {
+
+using io::DType;
+using io::StoredTensor;
+using io::TensorMap;
+using io::json::Value;
+using Ref = Tensor<mp50>;
+using BoundMap = std::map<std::string, Tensor<double>>;
+
+/// The options object of one op call, with typed accessors that name the key on a type error.
+/// Unknown keys are rejected by the engine before the op runs.
+class Options {
+ public:
+  explicit Options(const Value* v) : v_(v) {
+    OASIS_REQUIRE(!v_ || v_->kind == Value::Kind::null || v_->is_object(), "options", "must be a JSON object");
+    if (v_ && !v_->is_object()) v_ = nullptr;
+  }
+  const Value* get(const std::string& key) const { return v_ ? v_->find(key) : nullptr; }
+  bool has(const std::string& key) const { return get(key) != nullptr; }
+  std::vector<std::string> keys() const;
+  bool boolean(const std::string& key, bool def) const;
+  double number(const std::string& key, double def) const;
+  std::string string(const std::string& key, const std::string& def) const;
+  std::vector<double> numbers(const std::string& key) const;
+  std::vector<index_t> integers(const std::string& key) const;
+  std::vector<std::string> strings(const std::string& key) const;
+
+ private:
+  const Value* v_;
+};
+
+/// One call of an op.
+struct OpCall {
+  const TensorMap& inputs;
+  const TensorMap& outputs;
+  const Options& options;
+  const CompareOptions& compare;
+};
+
+/// A tensor an op takes or produces.
+struct TensorSpec {
+  std::string name;
+  std::string shape;      ///< documentation, e.g. "[B,H,Tq,dh]"
+  bool required = true;   ///< inputs only
+};
+
+struct OpSpec {
+  std::string name;
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  std::vector<std::string> options;
+  std::string help;  ///< option values and notes for describe_ops()
+  std::function<CompareReport(const OpCall&)> run;
+};
+
+/// Every op-level op the engine knows (engine.cpp).
+const std::vector<OpSpec>& op_specs();
+const OpSpec& op_spec(const std::string& name);
+
+// ---- the op files -------------------------------------------------------------------------------
+OpSpec normalizer_op();
+OpSpec attention_op();
+OpSpec psi_op();
+OpSpec coupling_op();
+OpSpec depth_op();
+OpSpec pseudo_query_op();
+
+/// The model level (op_model.cpp): `weights_file` holds the model and its configuration.
+CompareReport run_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& outputs,
+                        const CompareOptions& opt);
+
+// ---- helpers of the op files ----------------------------------------------------------------------
+
+/// "a, b, c" (or "none").
+std::string names_of(const TensorMap& m);
+std::string join_names(const std::vector<std::string>& names);
+
+/// A required input (NaN rejected, naming the tensor and the first bad index).
+const StoredTensor& need(const TensorMap& m, const std::string& name, const std::string& op);
+/// An optional tensor, nullptr when absent.
+const StoredTensor* maybe(const TensorMap& m, const std::string& name);
+
+/// One tensor under the policy |x - ref| <= 0.5 ulp_D(ref) + 2 plain (plain: B_i(D), same shape
+/// as ref; ignored when the shapes differ, which fails the tensor).
+TensorReport compare_tensor(const std::string& name, const StoredTensor& got, const Ref& ref,
+                            const Tensor<double>& plain, int show);
+
+/// Unit roundoff of a stored dtype.
+inline double unit_roundoff(DType d) { return io::dtype_eps(d) / 2; }
+
+/// B(D) for every output: f64 from the double bound, f32 from the float bound, f16/bf16 the
+/// float bound scaled by u_D / u_f32 (the bounds are first order in u).
+class PlainBounds {
+ public:
+  using Fn = std::function<BoundMap(bool wide)>;  // wide: double, else float
+  explicit PlainBounds(Fn fn) : fn_(std::move(fn)) {}
+  Tensor<double> get(const std::string& name, DType d);
+
+ private:
+  Fn fn_;
+  BoundMap wide_, narrow_;
+};
+
+/// Compare every output present against the oracle's `refs`; fills rep.tensors and rep.passed.
+void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
+                     PlainBounds& bounds, const CompareOptions& opt);
+
+/// Option "normalizer" of the ops with derived bounds: softmax or softmax1.
+RowNorm token_normalizer(const Options& o, const std::string& key);
+/// Options of the depth ops (coupling, depth).
+extern const std::vector<std::string> kDepthOptionKeys;
+DepthOptions parse_depth_options(const Options& o, bool coupling_default);
+std::vector<SourceKind> parse_kinds(const Options& o, index_t n);
+
+template <class T> Tensor<T> as(const StoredTensor& s) { return s.values.cast<T>(); }
+template <class T> Tensor<T> as(const Tensor<double>& s) { return s.cast<T>(); }
+
+}  // namespace oasis::verify::detail

@@ -4,22 +4,38 @@
 //   z_{t,j} = scale * <q_t, k_j>,  scale = 1/sqrt(d_h) unless given,
 //   p_t     = normaliser(z_t) over the visible keys (softmax1 uses the head's null logit s_h),
 //   A_t     = sum_j p_{t,j} v_j,   and per row LSE1 (or LSE) and p_null.
-// Visible keys of row t: j < key_lengths[b] (padding) and, if causal, j <= t + (Tk - Tq)
-// (bottom-right alignment, so a query block at the end of a longer key sequence — incremental
-// decoding — sees its past). Masked keys are removed from the row, which is exactly -inf masking.
+// Visible keys of row t, with t' = t + (Tk - Tq) (bottom-right alignment, so a query block at the
+// end of a longer key sequence — incremental decoding — sees its past; SPEC §8):
+//   j < key_lengths[b] (padding), j <= t' if causal, t' - W < j <= t' with a sliding window W.
+// Masked keys are removed from the row, which is exactly -inf masking. An additive bias
+// z_{t,j} += b_{t,j} (broadcast over batch and heads; -inf masks a key) comes after the scale; the
+// null logit is never biased or scaled.
 // Grouped-query attention: H_kv divides H; query head h reads kv head h / (H / H_kv).
+// Layouts: q, k, v and out are [B, H, T, d] (SDPA) or [B, T, H, d] (Hugging Face); the per-row
+// statistics [B, H, Tq] and the probabilities [B, H, Tq, Tk] are the same in both.
 //
 // This is the plain reference: loops in T, left-to-right sums. Its float instance is the
 // "same-precision reference" of the tolerance policy (docs/tolerances.md).
 #pragma once
 
+#include <algorithm>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "oasis/normalizer.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis {
+
+/// Memory layout of q, k, v and out.
+enum class AttentionLayout {
+  bhtd,  ///< [B, H, T, d] (PyTorch scaled_dot_product_attention)
+  bthd,  ///< [B, T, H, d] (Hugging Face, gpt-oss)
+};
+std::string_view to_string(AttentionLayout l);
+AttentionLayout parse_attention_layout(std::string_view name);  // "bhtd" | "bthd"
 
 struct AttentionOptions {
   RowNorm normalizer = RowNorm::softmax1;
@@ -37,6 +53,14 @@ struct AttentionOptions {
   MaskedRow masked_row = MaskedRow::zero;
   /// Parameters of the parametrised normalisers (clipped softmax: gamma, zeta).
   NormParams norm_params;
+  /// Sliding window W >= 1 (0: none): query t sees key j iff t' - W < j <= t' (W counts the
+  /// query's own key; the window includes the causal bound).
+  index_t window = 0;
+  /// Additive score bias [Tq, Tk] or [B or 1, H or 1, Tq, Tk], added after the scale; -inf masks
+  /// a key (a boolean mask is the bias 0 / -inf). Empty: none. Given in double, converted to T.
+  Tensor<double> bias;
+  /// Layout of q, k, v and out.
+  AttentionLayout layout = AttentionLayout::bhtd;
 };
 
 template <class T>
@@ -53,21 +77,41 @@ struct AttentionShape {
 };
 
 /// Validates shapes, GQA divisibility, lengths and options; throws naming the argument.
+namespace detail {
+/// Dimensions of a rank-4 tensor in the [B, H, T, d] order, whatever its layout.
+template <class T>
+void bhtd_dims(const Tensor<T>& x, AttentionLayout l, index_t& b, index_t& h, index_t& t, index_t& d) {
+  b = x.dim(0);
+  h = l == AttentionLayout::bhtd ? x.dim(1) : x.dim(2);
+  t = l == AttentionLayout::bhtd ? x.dim(2) : x.dim(1);
+  d = x.dim(3);
+}
+}  // namespace detail
+
+/// Validates shapes, GQA divisibility, lengths and options; throws naming the argument.
 template <class T>
 AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                     const AttentionOptions& opt) {
-  require_rank(q, 4, "q", "[B, H, Tq, d_h]");
-  require_rank(k, 4, "k", "[B, H_kv, Tk, d_h]");
-  require_rank(v, 4, "v", "[B, H_kv, Tk, d_v]");
-  AttentionShape s{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
+  const bool bthd = opt.layout == AttentionLayout::bthd;
+  require_rank(q, 4, "q", bthd ? "[B, Tq, H, d_h]" : "[B, H, Tq, d_h]");
+  require_rank(k, 4, "k", bthd ? "[B, Tk, H_kv, d_h]" : "[B, H_kv, Tk, d_h]");
+  require_rank(v, 4, "v", bthd ? "[B, Tk, H_kv, d_v]" : "[B, H_kv, Tk, d_v]");
+  AttentionShape s{};
+  index_t kb, kh, kt, kd, vb, vh, vt, vd;
+  detail::bhtd_dims(q, opt.layout, s.B, s.H, s.Tq, s.d_h);
+  detail::bhtd_dims(k, opt.layout, kb, kh, kt, kd);
+  detail::bhtd_dims(v, opt.layout, vb, vh, vt, vd);
+  s.H_kv = kh;
+  s.Tk = kt;
+  s.d_v = vd;
   OASIS_REQUIRE(s.B > 0 && s.H > 0 && s.Tq > 0 && s.d_h > 0, "q", "empty dimension in shape ",
                 shape_str(q.shape()));
   OASIS_REQUIRE(s.H_kv > 0 && s.Tk > 0 && s.d_v > 0, "k", "empty dimension in k ",
                 shape_str(k.shape()), " or v ", shape_str(v.shape()));
-  OASIS_REQUIRE(k.dim(0) == s.B, "k", "batch ", k.dim(0), " differs from q's batch ", s.B);
-  OASIS_REQUIRE(v.dim(0) == s.B && v.dim(1) == s.H_kv && v.dim(2) == s.Tk, "v", "shape ",
-                shape_str(v.shape()), " does not match k ", shape_str(k.shape()), " in [B, H_kv, Tk]");
-  OASIS_REQUIRE(k.dim(3) == s.d_h, "k", "head size ", k.dim(3), " differs from q's ", s.d_h);
+  OASIS_REQUIRE(kb == s.B, "k", "batch ", kb, " differs from q's batch ", s.B);
+  OASIS_REQUIRE(vb == s.B && vh == s.H_kv && vt == s.Tk, "v", "shape ", shape_str(v.shape()),
+                " does not match k ", shape_str(k.shape()), " in batch, kv heads and keys");
+  OASIS_REQUIRE(kd == s.d_h, "k", "head size ", kd, " differs from q's ", s.d_h);
   OASIS_REQUIRE(s.H % s.H_kv == 0, "k", "grouped-query attention needs H_kv to divide H, got H = ",
                 s.H, ", H_kv = ", s.H_kv);
   OASIS_REQUIRE(opt.null_logits.empty() || static_cast<index_t>(opt.null_logits.size()) == s.H,
@@ -85,17 +129,72 @@ AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, cons
                   " = ", opt.key_lengths[b], " is outside [0, Tk = ", s.Tk, "]");
   OASIS_REQUIRE(!opt.scale || (std::isfinite(*opt.scale) && *opt.scale > 0), "scale",
                 "must be finite and positive");
+  OASIS_REQUIRE(opt.window >= 0, "window", "must be >= 0 (0: no window), got ", opt.window);
+  if (!opt.bias.empty()) {
+    const Tensor<double>& bi = opt.bias;
+    const bool r2 = bi.rank() == 2, r4 = bi.rank() == 4;
+    OASIS_REQUIRE(r2 || r4, "bias", "expected [Tq, Tk] or [B or 1, H or 1, Tq, Tk], got ", shape_str(bi.shape()));
+    const index_t bq = bi.dim(bi.rank() - 2), bk = bi.dim(bi.rank() - 1);
+    OASIS_REQUIRE(bq == s.Tq && bk == s.Tk && (r2 || ((bi.dim(0) == 1 || bi.dim(0) == s.B) &&
+                                                    (bi.dim(1) == 1 || bi.dim(1) == s.H))),
+                  "bias", "shape ", shape_str(bi.shape()), " does not broadcast to [B, H, Tq, Tk] = [", s.B, ", ",
+                  s.H, ", ", s.Tq, ", ", s.Tk, "]");
+    for (index_t i = 0; i < bi.size(); ++i)
+      OASIS_REQUIRE(!std::isnan(bi[i]) && !(std::isinf(bi[i]) && bi[i] > 0), "bias", "entry ", i, " is ", bi[i],
+                    " (NaN and +inf are not allowed; mask with -inf)");
+  }
   require_finite(q, "q");
   require_finite(k, "k");
   require_finite(v, "v");
   return s;
 }
 
-/// Number of keys visible to query t of batch b (masked keys form a suffix of the row).
+/// Keys [begin, end) visible to query t of batch b (padding, causal and window; a bias may mask
+/// more). Fully masked when begin >= end.
+struct KeyRange {
+  index_t begin = 0, end = 0;
+  index_t count() const { return end > begin ? end - begin : 0; }
+};
+inline KeyRange visible_range(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t t) {
+  const index_t tp = t + (s.Tk - s.Tq);  // the query's own key position (bottom-right alignment)
+  index_t end = opt.key_lengths.empty() ? s.Tk : opt.key_lengths[static_cast<std::size_t>(b)];
+  if (opt.causal || opt.window > 0) end = std::min(end, tp + 1);
+  const index_t begin = opt.window > 0 ? std::max<index_t>(0, tp - opt.window + 1) : 0;
+  return {begin, std::max(end, begin)};
+}
+
+/// Number of keys visible to query t of batch b without a window (a prefix of the row).
 inline index_t visible_keys(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t t) {
   index_t n = opt.key_lengths.empty() ? s.Tk : opt.key_lengths[static_cast<std::size_t>(b)];
   if (opt.causal) n = std::min(n, t + (s.Tk - s.Tq) + 1);
   return std::max<index_t>(n, 0);
+}
+
+/// For computations defined on the [B, H, T, d] layout without a window or bias (the baselines'
+/// attention variants): throws naming the option that `what` does not take.
+inline void require_basic_masking(const AttentionOptions& opt, const char* what) {
+  OASIS_REQUIRE(opt.window == 0, "window", what, " does not take a sliding window");
+  OASIS_REQUIRE(opt.bias.empty(), "bias", what, " does not take an additive bias");
+  OASIS_REQUIRE(opt.layout == AttentionLayout::bhtd, "layout", what, " takes the bhtd layout only");
+}
+
+/// The bias of (b, h, t, j) (0 without a bias).
+inline double attention_bias(const AttentionOptions& opt, index_t b, index_t h, index_t t, index_t j) {
+  const Tensor<double>& bi = opt.bias;
+  if (bi.empty()) return 0.0;
+  if (bi.rank() == 2) return bi(t, j);
+  return bi(bi.dim(0) == 1 ? 0 : b, bi.dim(1) == 1 ? 0 : h, t, j);
+}
+
+/// [B, T, H, d] <-> [B, H, T, d] (the same permutation swaps back).
+template <class T>
+Tensor<T> swap_head_time(const Tensor<T>& x) {
+  Tensor<T> y({x.dim(0), x.dim(2), x.dim(1), x.dim(3)});
+  for (index_t a = 0; a < x.dim(0); ++a)
+    for (index_t i = 0; i < x.dim(1); ++i)
+      for (index_t j = 0; j < x.dim(2); ++j)
+        for (index_t c = 0; c < x.dim(3); ++c) y(a, j, i, c) = x(a, i, j, c);
+  return y;
 }
 
 /// The reference token attention (SPEC §2).
@@ -104,6 +203,13 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
                                    const AttentionOptions& opt = {}) {
   using std::sqrt;
   const AttentionShape s = check_attention_args(q, k, v, opt);
+  if (opt.layout == AttentionLayout::bthd) {  // the same computation on [B, H, T, d] views
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    AttentionResult<T> r = token_attention(swap_head_time(q), swap_head_time(k), swap_head_time(v), o);
+    r.out = swap_head_time(r.out);
+    return r;
+  }
   const T scale = opt.scale ? T(*opt.scale) : T(1) / sqrt(T(s.d_h));
   const index_t group = s.H / s.H_kv;
 
@@ -119,13 +225,15 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
       const index_t hk = h / group;
       const T null_logit = opt.null_logits.empty() ? T(0) : T(opt.null_logits[static_cast<std::size_t>(h)]);
       for (index_t t = 0; t < s.Tq; ++t) {
-        const index_t m = visible_keys(s, opt, b, t);
+        const KeyRange kr = visible_range(s, opt, b, t);
+        const index_t m = kr.count();
         const T* qt = q.ptr(b, h, t);
         for (index_t j = 0; j < m; ++j) {
-          const T* kj = k.ptr(b, hk, j);
+          const T* kj = k.ptr(b, hk, kr.begin + j);
           T dot(0);
           for (index_t c = 0; c < s.d_h; ++c) dot += qt[c] * kj[c];
           z[static_cast<std::size_t>(j)] = scale * dot;
+          if (!opt.bias.empty()) z[static_cast<std::size_t>(j)] += T(attention_bias(opt, b, h, t, kr.begin + j));
         }
         const RowStats<T> st = normalize_row(opt.normalizer, z.data(), m, null_logit, p.data(),
                                              opt.norm_params, opt.masked_row, "scores");
@@ -134,16 +242,23 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
         T* o = r.out.ptr(b, h, t);
         for (index_t j = 0; j < m; ++j) {
           const T pj = p[static_cast<std::size_t>(j)];
-          const T* vj = v.ptr(b, hk, j);
+          const T* vj = v.ptr(b, hk, kr.begin + j);
           for (index_t c = 0; c < s.d_v; ++c) o[c] += pj * vj[c];
         }
         if (opt.return_probs) {
-          T* pr = r.probs.ptr(b, h, t);
+          T* pr = r.probs.ptr(b, h, t) + kr.begin;
           for (index_t j = 0; j < m; ++j) pr[j] = p[static_cast<std::size_t>(j)];
         }
       }
     }
   return r;
+}
+
+inline std::string_view to_string(AttentionLayout l) { return l == AttentionLayout::bhtd ? "bhtd" : "bthd"; }
+inline AttentionLayout parse_attention_layout(std::string_view name) {
+  if (name == "bhtd") return AttentionLayout::bhtd;
+  if (name == "bthd") return AttentionLayout::bthd;
+  throw invalid_argument("layout", "unknown attention layout '" + std::string(name) + "' (expected bhtd or bthd)");
 }
 
 }  // namespace oasis

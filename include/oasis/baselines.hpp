@@ -62,6 +62,7 @@ PrefixSinkResult<T> prefix_sink_attention(const Tensor<T>& q, const Tensor<T>& k
                                           const Tensor<T>& sink_k, const Tensor<T>& sink_v,
                                           const AttentionOptions& opt = {}) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
+  require_basic_masking(opt, "prefix_sink_attention");
   require_rank(sink_k, 2, "sink_k", "[H_kv, d_h]");
   require_rank(sink_v, 2, "sink_v", "[H_kv, d_v]");
   OASIS_REQUIRE(sink_k.dim(0) == s.H_kv && sink_k.dim(1) == s.d_h, "sink_k", "shape ",
@@ -140,6 +141,7 @@ GatedAttentionResult<T> gated_attention(const Tensor<T>& q, const Tensor<T>& k, 
                                         const Tensor<T>& x, const Tensor<T>& w_gate,
                                         const Tensor<T>& b_gate = {}, const AttentionOptions& opt = {}) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
+  require_basic_masking(opt, "gated_attention");
   require_rank(x, 3, "x", "[B, Tq, d]");
   OASIS_REQUIRE(x.dim(0) == s.B && x.dim(1) == s.Tq, "x", "shape ", shape_str(x.shape()),
                 " does not match q's [B, Tq] = [", s.B, ", ", s.Tq, "]");
@@ -193,6 +195,7 @@ template <class T>
 AttentionResult<T> streaming_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                        const StreamingPolicy& pol, const AttentionOptions& opt = {}) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
+  require_basic_masking(opt, "streaming_attention");
   streaming_kept_keys(0, pol);  // validates the policy
   AttentionResult<T> r;
   r.out = Tensor<T>({s.B, s.H, s.Tq, s.d_v});

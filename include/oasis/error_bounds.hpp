@@ -106,6 +106,15 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
                                  const AttentionOptions& opt, const AttentionResult<R>& ref) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  if (opt.layout == AttentionLayout::bthd) {  // bounds on [B, H, T, d] views, out swapped back
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    AttentionResult<R> rr = ref;
+    rr.out = swap_head_time(ref.out);
+    AttentionBounds b = attention_bounds(swap_head_time(q), swap_head_time(k), swap_head_time(v), o, rr);
+    b.out = swap_head_time(b.out);
+    return b;
+  }
   const Precision pr = Precision::of<T>();
   const double u = pr.u;
   const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
@@ -119,27 +128,34 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
       const double sl = opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
       const double s_err = u * std::abs(sl);  // conversion of the double null logit to T
       for (index_t t = 0; t < s.Tq; ++t) {
-        const index_t m = visible_keys(s, opt, bb, t);
+        const KeyRange kr = visible_range(s, opt, bb, t);
+        const index_t m = kr.count();
         for (index_t j = 0; j < m; ++j) {
+          const index_t key = kr.begin + j;
           double dot = 0, absdot = 0;
           for (index_t c = 0; c < s.d_h; ++c) {
-            const double x = static_cast<double>(q(bb, h, t, c)) * static_cast<double>(k(bb, hk, j, c));
+            const double x = static_cast<double>(q(bb, h, t, c)) * static_cast<double>(k(bb, hk, key, c));
             dot += x;
             absdot += std::abs(x);
           }
-          z[static_cast<std::size_t>(j)] = scale * dot;
-          zerr[static_cast<std::size_t>(j)] = scale * u * (static_cast<double>(s.d_h) + 2.0) * absdot + u * std::abs(scale * dot);
-          p[static_cast<std::size_t>(j)] = static_cast<double>(ref.probs(bb, h, t, j));
+          const double bias = attention_bias(opt, bb, h, t, key);
+          z[static_cast<std::size_t>(j)] = scale * dot + bias;
+          // the bias: rounded to T (u |b|) and added (u |z|)
+          zerr[static_cast<std::size_t>(j)] =
+              std::isinf(bias) ? 0.0
+                               : scale * u * (static_cast<double>(s.d_h) + 2.0) * absdot + u * std::abs(scale * dot) +
+                                     (opt.bias.empty() ? 0.0 : u * std::abs(bias) + u * std::abs(scale * dot + bias));
+          p[static_cast<std::size_t>(j)] = static_cast<double>(ref.probs(bb, h, t, key));
         }
         const RowBound rb = row_bound(pr, opt.normalizer, z.data(), zerr.data(), m, sl, s_err, p.data(),
                                       static_cast<double>(ref.p_null(bb, h, t)), static_cast<double>(ref.lse(bb, h, t)));
         b.lse(bb, h, t) = rb.lse;
         b.p_null(bb, h, t) = rb.p_null;
-        for (index_t j = 0; j < m; ++j) b.probs(bb, h, t, j) = rb.p[static_cast<std::size_t>(j)];
+        for (index_t j = 0; j < m; ++j) b.probs(bb, h, t, kr.begin + j) = rb.p[static_cast<std::size_t>(j)];
         for (index_t c = 0; c < s.d_v; ++c) {
           double err = 0, mass = 0;
           for (index_t j = 0; j < m; ++j) {
-            const double av = std::abs(static_cast<double>(v(bb, hk, j, c)));
+            const double av = std::abs(static_cast<double>(v(bb, hk, kr.begin + j, c)));
             err += rb.p[static_cast<std::size_t>(j)] * av;
             mass += p[static_cast<std::size_t>(j)] * av;
           }

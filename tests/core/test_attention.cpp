@@ -208,3 +208,128 @@ TEST(Attention, BadInputNamesTheArgument) {
   o3.scale = -1.0;
   EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o3); }), "scale");
 }
+
+// SPEC §8: a sliding window, an additive bias and the [B, T, H, d] layout.
+TEST(Attention, WindowEqualsBiasMaskingOutsideTheWindow) {
+  auto rng = oasis::test::make_rng(81);
+  const index_t B = 2, H = 4, Hkv = 2, Tq = 6, Tk = 9, d = 8;
+  const Tensor<double> q = oasis::test::randn<double>({B, H, Tq, d}, rng), k = oasis::test::randn<double>({B, Hkv, Tk, d}, rng),
+                       v = oasis::test::randn<double>({B, Hkv, Tk, d}, rng);
+  for (index_t W : {1, 2, 3, 5}) {
+    AttentionOptions win;
+    win.window = W;
+    win.null_logits = {0.5, -1.0, 0.0, 2.0};
+    win.key_lengths = {9, 7};
+    win.return_probs = true;
+    AttentionOptions biased = win;
+    biased.window = 0;
+    biased.causal = true;
+    biased.bias = Tensor<double>({Tq, Tk});
+    for (index_t t = 0; t < Tq; ++t)
+      for (index_t j = 0; j < Tk; ++j)  // t' = t + Tk - Tq; visible iff t' - W < j
+        if (j <= t + (Tk - Tq) - W) biased.bias(t, j) = neg_inf<double>();
+    const auto a = token_attention(q, k, v, win), b = token_attention(q, k, v, biased);
+    EXPECT_TRUE(oasis::test::exactly_equal("out", a.out, b.out)) << "W = " << W;
+    EXPECT_TRUE(oasis::test::exactly_equal("lse", a.lse, b.lse)) << "W = " << W;
+    EXPECT_TRUE(oasis::test::exactly_equal("probs", a.probs, b.probs)) << "W = " << W;
+  }
+  // a window at least as long as the row is the causal mask
+  AttentionOptions wide, causal;
+  wide.window = Tk;
+  causal.causal = true;
+  EXPECT_TRUE(oasis::test::exactly_equal("out", token_attention(q, k, v, wide).out, token_attention(q, k, v, causal).out));
+}
+
+TEST(Attention, BiasBroadcastsOverBatchAndHeads) {
+  auto rng = oasis::test::make_rng(82);
+  const index_t B = 2, H = 2, T = 5, d = 4;
+  const Tensor<double> q = oasis::test::randn<double>({B, H, T, d}, rng), k = oasis::test::randn<double>({B, H, T, d}, rng),
+                       v = oasis::test::randn<double>({B, H, T, d}, rng);
+  const Tensor<double> b2 = oasis::test::randn<double>({T, T}, rng);
+  Tensor<double> b4({B, H, T, T});
+  for (index_t i = 0; i < B * H; ++i)
+    for (index_t e = 0; e < T * T; ++e) b4[i * T * T + e] = b2[e];
+  AttentionOptions o2, o4, o1;
+  o2.bias = b2;
+  o4.bias = b4;
+  o1.bias = b2.reshaped({1, 1, T, T});
+  const auto r2 = token_attention(q, k, v, o2), r4 = token_attention(q, k, v, o4), r1 = token_attention(q, k, v, o1);
+  EXPECT_TRUE(oasis::test::exactly_equal("out", r2.out, r4.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("out", r2.out, r1.out));
+  // the bias moves the scores: z + b differs from z
+  EXPECT_FALSE(oasis::test::exactly_equal("out", r2.out, token_attention(q, k, v).out));
+  // -inf in the bias removes the key: the last key masked is the padding of one key
+  AttentionOptions last, pad;
+  last.bias = Tensor<double>({T, T});
+  for (index_t t = 0; t < T; ++t) last.bias(t, T - 1) = neg_inf<double>();
+  pad.key_lengths = {T - 1, T - 1};
+  EXPECT_TRUE(oasis::test::exactly_equal("out", token_attention(q, k, v, last).out, token_attention(q, k, v, pad).out));
+}
+
+TEST(Attention, BthdLayoutIsTheSameComputation) {
+  auto rng = oasis::test::make_rng(83);
+  const Tensor<double> q = oasis::test::randn<double>({2, 4, 5, 8}, rng), k = oasis::test::randn<double>({2, 2, 7, 8}, rng),
+                       v = oasis::test::randn<double>({2, 2, 7, 3}, rng);
+  AttentionOptions a;
+  a.causal = true;
+  a.window = 4;
+  a.null_logits = {0.0, 1.0, -2.0, 0.5};
+  a.return_probs = true;
+  AttentionOptions b = a;
+  b.layout = AttentionLayout::bthd;
+  const auto ra = token_attention(q, k, v, a);
+  const auto rb = token_attention(swap_head_time(q), swap_head_time(k), swap_head_time(v), b);
+  EXPECT_EQ(rb.out.shape(), (Shape{2, 5, 4, 3}));
+  EXPECT_TRUE(oasis::test::exactly_equal("out", swap_head_time(rb.out), ra.out));
+  EXPECT_TRUE(oasis::test::exactly_equal("lse", rb.lse, ra.lse));
+  EXPECT_TRUE(oasis::test::exactly_equal("probs", rb.probs, ra.probs));
+}
+
+TEST(Attention, WindowBiasAndLayoutWithinTheDerivedBound) {
+  auto rng = oasis::test::make_rng(84);
+  const index_t B = 1, H = 2, T = 12, d = 8;
+  const Tensor<float> q = oasis::test::randn<float>({B, T, H, d}, rng), k = oasis::test::randn<float>({B, T, H, d}, rng),
+                      v = oasis::test::randn<float>({B, T, H, d}, rng);
+  AttentionOptions o;
+  o.layout = AttentionLayout::bthd;
+  o.window = 5;
+  o.null_logits = {1.0, -0.5};
+  o.bias = oasis::test::randn<double>({T, T}, rng);
+  o.return_probs = true;
+  const auto got = token_attention(q, k, v, o);
+  const auto ref = token_attention(q.cast<R>(), k.cast<R>(), v.cast<R>(), o);
+  const bounds::AttentionBounds b = bounds::attention_bounds(q, k, v, o, ref);
+  auto use = [](const Tensor<double>& bt) { return [&bt](index_t i, double) { return bt[i]; }; };
+  EXPECT_TRUE(oasis::test::within_bound("out", got.out, ref.out, use(b.out)));
+  EXPECT_TRUE(oasis::test::within_bound("lse", got.lse, ref.lse, use(b.lse)));
+  EXPECT_TRUE(oasis::test::within_bound("probs", got.probs, ref.probs, use(b.probs)));
+}
+
+TEST(Attention, BadWindowBiasAndLayoutNameTheArgument) {
+  auto arg_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const oasis::invalid_argument& e) {
+      return e.argument();
+    }
+    return "<no exception>";
+  };
+  const Tensor<double> q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4});
+  AttentionOptions o;
+  o.window = -1;
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "window");
+  o = {};
+  o.bias = Tensor<double>({3, 4});  // Tk = 5
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  o.bias = Tensor<double>({2, 2, 3, 5});  // batch 2 against B = 1
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  o.bias = Tensor<double>({3, 5});
+  o.bias[4] = std::nan("");
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  o.bias[4] = pos_inf<double>();
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  o = {};
+  o.layout = AttentionLayout::bthd;  // q [B, Tq=2, H=3, d]: 3 heads against 5 kv heads
+  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "k");
+  EXPECT_EQ(arg_of([] { parse_attention_layout("bhdt"); }), "layout");
+}

@@ -261,11 +261,38 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   return rep;
 }
 
-CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
-                          const Value& options, const CompareOptions& opt) {
+namespace {
+void check_model_options(const Value& options) {
   const Options o(&options);
   for (const auto& k : o.keys()) throw invalid_argument("options", "unknown option '" + k + "' for op model (known: none)");
+}
+}  // namespace
+
+CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
+                          const Value& options, const CompareOptions& opt) {
+  check_model_options(options);
   return run_model(weights_file, inputs, trace, opt);
+}
+
+CompareReport check_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
+                          const TensorMap& trace, const Value& options, const CompareOptions& opt) {
+  check_model_options(options);
+  return run_model(config, weights, inputs, trace, opt);
+}
+
+CompareOptions compare_options(const Value& v) {
+  OASIS_REQUIRE(v.kind == Value::Kind::null || v.is_object(), "compare options", "must be a JSON object");
+  CompareOptions opt;
+  for (const auto& [key, x] : v.members) {
+    if (key == "show") {
+      std::uint64_t n = 0;
+      OASIS_REQUIRE(x.as_uint64(&n) && n <= 1000000, "show", "must be an integer in [0, 1000000]");
+      opt.show = static_cast<int>(n);
+    } else {
+      throw invalid_argument(key, "unknown comparison option (known: show)");
+    }
+  }
+  return opt;
 }
 
 std::string describe_ops() {

@@ -89,9 +89,12 @@ OpSpec coupling_op();
 OpSpec depth_op();
 OpSpec pseudo_query_op();
 
-/// The model level (op_model.cpp): `weights_file` holds the model and its configuration.
+/// The model level (op_model.cpp): `weights_file` holds the model and its configuration; or the
+/// configuration and the weights in memory.
 CompareReport run_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& outputs,
                         const CompareOptions& opt);
+CompareReport run_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
+                        const TensorMap& outputs, const CompareOptions& opt);
 
 // ---- helpers of the op files ----------------------------------------------------------------------
 

@@ -306,11 +306,8 @@ void check_sublayer_steps(const oasis::model::Model<mp50>& m, const oasis::model
   }
 }
 
-}  // namespace
-
-CompareReport run_model(const std::string& path, const io::TensorMap& inputs, const io::TensorMap& outputs,
+CompareReport run_model(const oasis::model::Model<mp50>& m, const io::TensorMap& inputs, const io::TensorMap& outputs,
                         const CompareOptions& opt) {
-  const oasis::model::Model<mp50> m = oasis::model::load_model<mp50>(path);
   auto it = inputs.find("ids");
   OASIS_REQUIRE(it != inputs.end(), "inputs", "op model needs input tensor 'ids' [B, T] (token ids)");
   const Tensor<double>& idt = it->second.values;
@@ -376,6 +373,18 @@ CompareReport run_model(const std::string& path, const io::TensorMap& inputs, co
   rep.passed = true;  // informative tensors carry no verdict
   for (const auto& t : rep.tensors) rep.passed = rep.passed && (t.informative || t.passed);
   return rep;
+}
+
+}  // namespace
+
+CompareReport run_model(const std::string& path, const io::TensorMap& inputs, const io::TensorMap& outputs,
+                        const CompareOptions& opt) {
+  return run_model(oasis::model::load_model<mp50>(path), inputs, outputs, opt);
+}
+
+CompareReport run_model(const oasis::model::ModelConfig& config, const io::TensorMap& weights, const io::TensorMap& inputs,
+                        const io::TensorMap& outputs, const CompareOptions& opt) {
+  return run_model(oasis::model::model_from_tensors<mp50>(config, weights, "weights"), inputs, outputs, opt);
 }
 
 }  // namespace oasis::verify::detail

@@ -143,12 +143,12 @@ void save_model(const Model<T>& model, const std::string& path, io::DType dtype 
   io::write_safetensors(path, out, config_metadata(model.config()));
 }
 
-/// Load the weights of `cfg` from a file. rename: file name -> model name (names not in it are
-/// taken as they are). Missing, mis-shaped, non-finite and unexpected tensors throw naming them.
+/// The model of `cfg` with the weights `file` (tensors by name; `path` says where they come from
+/// in the errors). rename: file name -> model name (names not in it are taken as they are).
+/// Missing, mis-shaped, non-finite and unexpected tensors throw naming them.
 template <class T>
-Model<T> load_model(const ModelConfig& cfg, const std::string& path,
-                    const std::map<std::string, std::string>& rename = {}) {
-  const io::TensorMap file = io::read_safetensors(path);
+Model<T> model_from_tensors(const ModelConfig& cfg, const io::TensorMap& file, const std::string& path,
+                            const std::map<std::string, std::string>& rename = {}) {
   std::map<std::string, const io::StoredTensor*> by_model_name;
   for (const auto& [fname, st] : file) {
     const auto it = rename.find(fname);
@@ -170,6 +170,13 @@ Model<T> load_model(const ModelConfig& cfg, const std::string& path,
   for (const auto& [mname, st] : by_model_name)
     OASIS_REQUIRE(used.count(mname), mname, "in ", path, " is not a parameter of this configuration");
   return m;
+}
+
+/// Load the weights of `cfg` from a file (model_from_tensors on its tensors).
+template <class T>
+Model<T> load_model(const ModelConfig& cfg, const std::string& path,
+                    const std::map<std::string, std::string>& rename = {}) {
+  return model_from_tensors<T>(cfg, io::read_safetensors(path), path, rename);
 }
 
 /// Load a file written by save_model: the configuration comes from its metadata.

@@ -25,6 +25,10 @@
 #include "oasis/io/json.hpp"
 #include "oasis/verify/report.hpp"
 
+namespace oasis::model {
+struct ModelConfig;
+}
+
 namespace oasis::verify {
 
 /// Check the outputs of the op-level `op` (every op but "model") computed from `inputs`;
@@ -37,6 +41,15 @@ CompareReport check(const std::string& op, const io::TensorMap& inputs, const io
 /// tensors (docs/verify.md, "Model level").
 CompareReport check_model(const std::string& weights_file, const io::TensorMap& inputs, const io::TensorMap& trace,
                           const io::json::Value& options = {}, const CompareOptions& opt = {});
+
+/// The same for a model held in memory: its configuration and its weights by parameter name
+/// (oasis::model::parameter_specs; checked as load_model checks a file).
+CompareReport check_model(const model::ModelConfig& config, const io::TensorMap& weights, const io::TensorMap& inputs,
+                          const io::TensorMap& trace, const io::json::Value& options = {}, const CompareOptions& opt = {});
+
+/// Comparison options from a JSON object (a null Value for the defaults): {"show": N}. An unknown
+/// key is an error naming it (the Python module passes its keyword arguments through here).
+CompareOptions compare_options(const io::json::Value& v);
 
 /// Run the comparison described by a configuration file (JSON, or a .safetensors file whose
 /// "__metadata__" holds the JSON under "oasis_config").

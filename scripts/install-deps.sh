@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project needs, when missing. Idempotent; run as root
-# (or with sudo) on Debian 12. The CUDA toolkit is optional and never installed here.
+# (or with sudo) on Debian 12. The CUDA toolkit is optional and never installed here. The Python
+# packages build the module oasis (docs/python.md); python3-torch is needed only by its torch
+# tests and examples, which skip without it.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build git
       libeigen3-dev libboost-dev libmpfr-dev libgmp-dev libomp-dev
       libgtest-dev libgmock-dev googletest librapidcheck-dev libbenchmark-dev
-      clang libclang-rt-14-dev python3)
+      clang libclang-rt-14-dev python3
+      python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,12 @@
+// src/python/bindings.hpp — the parts of the extension module oasis._core (module.cpp defines it).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace oasis::python {
+
+void bind_core(pybind11::module_& m);     ///< core.cpp: the core functions on arrays
+void bind_compare(pybind11::module_& m);  ///< compare.cpp: check, check_model
+void bind_model(pybind11::module_& m);    ///< model.cpp: the Model class (forward, weights, config)
+
+}  // namespace oasis::python

@@ -1,0 +1,310 @@
+"""oasis: the OASIS reference oracle as a Python import (docs/python.md).
+
+Check your implementation's tensors against the oracle recomputed in high precision (mp50), with
+exactly the verdicts of ``oasis-verify compare``::
+
+    report = oasis.check("attention", {"q": q, "k": k, "v": v}, {"out": out, "lse": lse},
+                         options={"causal": True})
+    report.assert_ok()          # AssertionError carrying the table when a tensor fails
+
+    oasis.check_model("model.safetensors", trace, ids=ids).assert_ok()
+
+and compute the oracle's functions on NumPy arrays in float32 or float64, bit for bit as the
+C++ library: softmax1, normalize, token_attention, null_statistic, null_statistic_from_mass,
+couple_depth_logits, attn_res_route, pseudo_query_logits, Model.forward.
+
+Tensors are NumPy arrays or torch tensors (torch is never required); bfloat16 is a torch
+bfloat16 tensor or ``oasis.bf16(uint16_bits)``. Bad input raises InvalidArgument (a ValueError)
+whose ``argument`` names the offending argument.
+"""
+
+import json as _json
+import os as _os
+
+import numpy as _np
+
+from . import _arrays, _core
+from . import trace as _trace
+from ._arrays import InvalidArgument, bf16, fail as _fail
+from .trace import TRACE_FIELDS, TraceRecorder, record
+
+__all__ = [
+    "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops",
+    "softmax1", "normalize", "token_attention", "null_statistic", "null_statistic_from_mass",
+    "couple_depth_logits", "attn_res_route", "pseudo_query_logits",
+    "TraceRecorder", "record", "TRACE_FIELDS",
+]
+
+
+def _json_text(obj, name):
+    """A dict of options as JSON text for the engine ("" for None)."""
+    if obj is None:
+        return ""
+    if not isinstance(obj, dict):
+        _fail(name, f"expected a dict, got {type(obj).__name__}")
+    try:
+        return _json.dumps(obj, allow_nan=False, default=_arrays.json_default)
+    except (TypeError, ValueError) as e:
+        _fail(name, f"not representable as JSON ({e})")
+
+
+# ---- reports ------------------------------------------------------------------------------------
+
+
+class Report:
+    """The result of check() or check_model(): the engine's report.
+
+    ``passed``: the verdict. ``rows``: one dict per checked tensor (name, dtype, shape, max_abs,
+    max_rel, max_ulps, worst_ratio, violations, passed — None for an informative row —,
+    informative, problem, first_mismatches), as in ``oasis-verify compare --json``;
+    ``report["lse"]`` is the row of one tensor. ``str(report)`` is the CLI's table,
+    ``to_json()`` the CLI's JSON; ``assert_ok()`` raises AssertionError carrying the table.
+    """
+
+    def __init__(self, passed, text, json_text):
+        self.passed = bool(passed)
+        self._text = text
+        self._json = json_text
+        doc = _json.loads(json_text)
+        self.op = doc["op"]
+        self.rows = doc["tensors"]
+        self.notes = doc["notes"]
+
+    def __str__(self):
+        return self._text
+
+    def __repr__(self):
+        return f"<oasis.Report op={self.op} {'PASS' if self.passed else 'FAIL'}: {len(self.rows)} tensors>"
+
+    def __getitem__(self, name):
+        for r in self.rows:
+            if r["name"] == name:
+                return r
+        raise KeyError(f"no tensor '{name}' in the report (tensors: {', '.join(r['name'] for r in self.rows)})")
+
+    def to_json(self):
+        return self._json
+
+    def assert_ok(self):
+        if not self.passed:
+            raise AssertionError("oasis: the comparison failed\n" + self._text)
+        return self
+
+
+def _compare_options(policy, compare):
+    opts = dict(compare)
+    if policy is not None:
+        opts["policy"] = policy
+    return _json_text(opts, "compare options") if opts else ""
+
+
+def check(op, inputs, outputs, options=None, policy=None, **compare):
+    """Check the outputs of op-level ``op`` computed from ``inputs`` (dicts name -> tensor).
+
+    ``options``: the op's options (``oasis.describe_ops()``, docs/verify.md). ``policy`` and the
+    keyword arguments (``show=5``: mismatches listed per tensor) are the comparison options,
+    passed to the engine as they are. Returns a Report."""
+    if not isinstance(op, str):
+        _fail("op", f"expected the op's name, got {type(op).__name__}")
+    return Report(*_core.check(op, _arrays.tensor_map(inputs, "inputs"), _arrays.tensor_map(outputs, "outputs"),
+                               _json_text(options, "options"), _compare_options(policy, compare)))
+
+
+def check_model(model, trace, ids=None, options=None, policy=None, **compare):
+    """Check a model trace (docs/verify.md, "Model level").
+
+    ``model``: a weights file of oasis::model::save_model (path), an ``oasis.Model``, or a pair
+    ``(config, weights)`` (see Model). ``trace``: dict name -> tensor (logits, state,
+    ``<sublayer>.<field>``) or a TraceRecorder; a name that is not documented (oasis.TRACE_FIELDS)
+    is an error, a documented one that this model does not check is noted in the report.
+    ``ids`` [B, T]: the token ids (integers); when None, ``trace["ids"]``. Returns a Report."""
+    if isinstance(trace, TraceRecorder):
+        trace = trace.trace
+    if not isinstance(trace, dict):
+        _fail("trace", f"expected a dict {{name: tensor}} or a TraceRecorder, got {type(trace).__name__}")
+    trace = dict(trace)
+    if ids is None:
+        if "ids" not in trace:
+            _fail("ids", "not given and the trace has no 'ids' [B, T]")
+        ids = trace.pop("ids")
+    else:
+        trace.pop("ids", None)
+    for name in trace:
+        _trace.split_name(name)  # a name that is not documented is a typo, not a tensor to ignore
+    inputs = {"ids": _arrays.token_ids(ids)}
+    tr = _arrays.tensor_map(trace, "trace")
+    opts, comp = _json_text(options, "options"), _compare_options(policy, compare)
+    if isinstance(model, (str, _os.PathLike)):
+        return Report(*_core.check_model_file(_os.fspath(model), inputs, tr, opts, comp))
+    if isinstance(model, tuple) and len(model) == 2:
+        model = Model(*model)
+    if not isinstance(model, Model):
+        _fail("model", f"expected a weights file path, an oasis.Model or (config, weights), got {type(model).__name__}")
+    return Report(*_core.check_model_held(model._held, inputs, tr, opts, comp))
+
+
+def op_names():
+    """The ops the engine knows."""
+    return _core.op_names()
+
+
+def describe_ops():
+    """The ops with their input and output tensor names and options."""
+    return _core.describe_ops()
+
+
+# ---- the model ----------------------------------------------------------------------------------------
+
+
+def _config_items(config):
+    if not isinstance(config, dict):
+        _fail("config", f"expected a dict of configuration fields, got {type(config).__name__}")
+    return {k: (v.item() if isinstance(v, _np.generic) else v) for k, v in config.items()}
+
+
+class Model:
+    """An AttnRes model of the library (docs/model.md): ``Model(config, weights)`` or
+    ``Model.load(path)``.
+
+    ``config``: dict of configuration fields, spelled as the metadata of a weights file
+    (docs/model.md; ``oasis.config_fields()``), e.g. ``{"vocab_size": 32, "d_model": 16,
+    "variant": "oasis", "router": "kimi_full"}``; absent fields take the library's defaults
+    (docs/model.md), a key that is not a field is an error.
+    ``weights``: dict parameter name -> tensor (``Model.parameter_specs``), e.g. a torch
+    ``state_dict()`` whose names follow the library's."""
+
+    def __init__(self, config, weights):
+        self._held = _core.model_from_memory(_config_items(config), _arrays.tensor_map(weights, "weights"))
+
+    @classmethod
+    def initialized(cls, config, seed):
+        """The library's seeded initialisation of a configuration (Model<double>::initialized:
+        weights N(0, init_std^2), gains 1, pseudo-queries 0, theta = theta_init), in float64."""
+        m = cls.__new__(cls)
+        m._held = _core.model_initialized(_config_items(config), int(seed))
+        return m
+
+    @classmethod
+    def load(cls, path):
+        """The model of a weights file written by oasis::model::save_model (or Model.save)."""
+        m = cls.__new__(cls)
+        m._held = _core.model_from_file(_os.fspath(path))
+        return m
+
+    @property
+    def config(self):
+        """Every configuration field as text (the file metadata without the "oasis." prefix)."""
+        return self._held.config()
+
+    def weights(self):
+        """dict name -> array: float32 for weights given in float32, float64 otherwise."""
+        return self._held.weights()
+
+    def parameter_specs(self):
+        """[(name, shape)] of every parameter of this configuration, in canonical order."""
+        return self._held.parameter_specs()
+
+    def save(self, path, dtype=None):
+        """Write a weights file for oasis-verify (configuration in its metadata); ``dtype`` "f32"
+        or "f64" rounds every weight to it, None keeps each weight's dtype."""
+        self._held.save(_os.fspath(path), "" if dtype is None else dtype)
+
+    def forward(self, ids, dtype="float64", trace=False):
+        """The library's forward of token ids [B, T] in float32 or float64: dict with "logits"
+        [B, T, vocab] and "state" [B, T, d] (the readout state), and with ``trace=True`` every
+        trace tensor "<sublayer>.<field>" of TRACE_FIELDS (docs/verify.md): a reference trace
+        that check_model accepts as it is."""
+        name = str(dtype).replace("torch.", "")
+        try:
+            name = _np.dtype(name).name
+        except TypeError:
+            _fail("dtype", f"expected float32 or float64, got {dtype!r}")
+        logits, state, sublayers = self._held.forward(_arrays.int_ids(ids), name, bool(trace))
+        out = {"logits": logits, "state": state}
+        for sub, fields in sublayers:
+            for f, a in fields.items():
+                if f in TRACE_FIELDS:
+                    out[f"{sub}.{f}"] = a
+        return out
+
+
+def config_fields():
+    """The configuration fields a Model's config dict may hold."""
+    return _core.config_fields()
+
+
+# ---- core functions ------------------------------------------------------------------------------------
+
+
+def _opts(**kw):
+    return _json_text({k: v for k, v in kw.items() if v is not None}, "options")
+
+
+def normalize(z, normalizer="softmax1", s=0.0, masked_row="zero"):
+    """Rows z [..., m] (masked entries -inf) through a row normaliser with null logit ``s`` (a
+    number, or an array of the rows' shape [...]): dict p [..., m], p_null [...], lse [...]."""
+    z = _arrays.array(z, "z")
+    if _arrays._is_torch(s) or isinstance(s, _np.ndarray):
+        s = _arrays.array(s, "s")
+    else:
+        s = _np.full(z.shape[:-1], s, dtype=z.dtype if z.dtype in (_np.float32, _np.float64) else _np.float64)
+    return _core.normalize(z, s, normalizer, masked_row)
+
+
+def softmax1(z, s=0.0):
+    """Softmax1 (softmax with a null category of logit s, SPEC §1) over the last axis."""
+    return normalize(z, "softmax1", s)
+
+
+def token_attention(q, k, v, *, normalizer=None, null_logits=None, causal=None, key_lengths=None, scale=None,
+                    window=None, bias=None, layout=None, return_probs=None, masked_row=None, gamma=None, zeta=None):
+    """The reference token attention (SPEC §2, §8): dict out, lse, p_null (and probs with
+    return_probs=True). q [B,H,Tq,d_h], k [B,H_kv,Tk,d_h], v [B,H_kv,Tk,d_v] (layout "bhtd", the
+    default) or [B,T,H,d] (layout "bthd")."""
+    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+    if null_logits is not None:
+        null_logits = _arrays.number_list(null_logits, "null_logits")
+    if key_lengths is not None:
+        key_lengths = _arrays.number_list(key_lengths, "key_lengths")
+    b = None if bias is None else _arrays.array(bias, "bias")
+    return _core.token_attention(q, k, v, b, _opts(normalizer=normalizer, null_logits=null_logits, causal=causal,
+                                                   key_lengths=key_lengths, scale=scale, window=window, layout=layout,
+                                                   return_probs=return_probs, masked_row=masked_row, gamma=gamma,
+                                                   zeta=zeta))
+
+
+def null_statistic(p_null):
+    """psi [B, T] = mean over the query heads of p_null [B, H, T] (SPEC §3)."""
+    return _core.null_statistic(_arrays.array(p_null, "p_null"))
+
+
+def null_statistic_from_mass(probs):
+    """The authors' estimator psi = mean_h max(0, 1 - sum_j p_j) from probs [B, H, Tq, Tk]."""
+    return _core.null_statistic_from_mass(_arrays.array(probs, "probs"))
+
+
+def couple_depth_logits(g_old, dpsi, beta, *, profile=None, centring=None, headless=None, beta_max=None,
+                        score_clamp=None):
+    """g = clamp(g_old - beta Dpsi) for g_old, dpsi [n] or [n, N] (one column per token)."""
+    return _core.couple_depth_logits(_arrays.array(g_old, "g_old"), _arrays.array(dpsi, "dpsi"), float(beta),
+                                     _opts(profile=profile, centring=centring, headless=headless, beta_max=beta_max,
+                                           score_clamp=score_clamp))
+
+
+def attn_res_route(sources, g_old, psi=None, *, kinds=None, normalizer=None, coupling=None, profile=None,
+                   centring=None, headless=None, theta=None, beta=None, beta_max=None, score_clamp=None):
+    """Depth routing of one layer over N tokens (SPEC §3-4): sources [n, N, d], g_old [n, N],
+    psi [n, N] (needed with coupling); options as op "depth" of check(). Returns dict h [N, d],
+    alpha [n, N], alpha_null [N], g [n, N], dpsi [n, N]."""
+    p = None if psi is None else _arrays.array(psi, "psi")
+    return _core.attn_res_route(_arrays.array(sources, "sources"), _arrays.array(g_old, "g_old"), p,
+                                _opts(kinds=kinds, normalizer=normalizer, coupling=coupling, profile=profile,
+                                      centring=centring, headless=headless, theta=theta, beta=beta,
+                                      beta_max=beta_max, score_clamp=score_clamp))
+
+
+def pseudo_query_logits(sources, w, gain=None, *, eps=None, compute_in_float32=None):
+    """Kimi depth logits g_i = w^T RMSNorm(s_i): sources [n, N, d], w [d], gain [d] -> g [n, N]."""
+    gn = None if gain is None else _arrays.array(gain, "gain")
+    return _core.pseudo_query_logits(_arrays.array(sources, "sources"), _arrays.array(w, "w"), gn,
+                                     _opts(eps=eps, compute_in_float32=compute_in_float32))

@@ -29,7 +29,7 @@ from ._arrays import InvalidArgument, bf16, fail as _fail
 from .trace import TRACE_FIELDS, TraceRecorder, record
 
 __all__ = [
-    "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops",
+    "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops", "config_fields",
     "softmax1", "normalize", "token_attention", "null_statistic", "null_statistic_from_mass",
     "couple_depth_logits", "attn_res_route", "pseudo_query_logits",
     "TraceRecorder", "record", "TRACE_FIELDS",

@@ -166,5 +166,8 @@ def test_model_config_defaults_and_fields():
     m = oasis.Model.initialized({}, seed=1)
     assert m.config["readout"] == "final_attnres" and m.config["centring"] == "paper_v2"
     assert set(m.config) <= set(oasis.config_fields())
+    ids = np.array([[1, 2]])
+    for dt in ("float32", np.float32, np.dtype(np.float32)):  # (and torch.float32 when torch is loaded)
+        assert m.forward(ids, dtype=dt)["logits"].dtype == np.float32
     names = [n for n, _ in m.parameter_specs()]
     assert sorted(names) == sorted(m.weights()) and "layers.1.mlp_res.theta" in names

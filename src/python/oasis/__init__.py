@@ -214,9 +214,10 @@ class Model:
         [B, T, vocab] and "state" [B, T, d] (the readout state), and with ``trace=True`` every
         trace tensor "<sublayer>.<field>" of TRACE_FIELDS (docs/verify.md): a reference trace
         that check_model accepts as it is."""
-        name = str(dtype).replace("torch.", "")
+        if type(dtype).__module__ == "torch":  # torch.float32 -> "float32"
+            dtype = str(dtype).replace("torch.", "")
         try:
-            name = _np.dtype(name).name
+            name = _np.dtype(dtype).name
         except TypeError:
             _fail("dtype", f"expected float32 or float64, got {dtype!r}")
         logits, state, sublayers = self._held.forward(_arrays.int_ids(ids), name, bool(trace))

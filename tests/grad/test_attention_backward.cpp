@@ -428,6 +428,28 @@ TEST(AttentionBackward, FullyMaskedRows) {
   }
 }
 
+#if defined(OASIS_HAVE_MPFR)
+TEST(AttentionBackward, Mp50AndMpfr50Agree) {
+  // Two independent 50-digit arithmetics (Boost cpp_bin_float, MPFR) give the same gradients.
+  Case c{"mpfr", 1, 2, 1, 3, 4, 3, 2};
+  c.causal = c.sinks = c.dlse = c.dp_null = true;
+  const Instance I = make_instance(c, base_seed() + 46);
+  const AttentionGrads<R> a = library_backward<R>(I);
+  const AttentionGrads<mpfr50> b = library_backward<mpfr50>(I);
+  auto agree = [](const auto& x, const Tensor<R>& y) {
+    for (index_t i = 0; i < y.size(); ++i) {
+      const R xi(x[i].str(60, std::ios_base::scientific));  // exact enough: 60 decimal digits
+      if (std::abs(static_cast<double>(xi - y[i])) > 1e-40 * (1 + std::abs(static_cast<double>(y[i])))) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(agree(b.q, a.q));
+  EXPECT_TRUE(agree(b.k, a.k));
+  EXPECT_TRUE(agree(b.v, a.v));
+  EXPECT_TRUE(agree(b.null_logits, a.null_logits));
+}
+#endif
+
 TEST(AttentionBackward, RejectsBadInput) {
   Case c{"bad", 1, 2, 1, 3, 3, 2, 2};
   const Instance I = make_instance(c, 7);

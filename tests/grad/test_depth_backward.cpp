@@ -852,6 +852,47 @@ TYPED_TEST(DepthBackwardPrecision, WithinDerivedBoundOfHighPrecision) {
   std::printf("depth / pseudo-query backward %s: worst |err| / bound = %.3g\n", sizeof(T) == 4 ? "float" : "double", worst);
 }
 
+TYPED_TEST(DepthBackwardPrecision, RoutersWithinComposedBound) {
+  using T = TypeParam;
+  double worst = 0;
+  auto use = [](const Tensor<double>& bt) { return [&bt](index_t i, double) { return bt[i]; }; };
+  auto ratio = [&](const Tensor<T>& g, const Tensor<R>& r, const Tensor<double>& b) {
+    for (index_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(R(g[i]) - r[i])) / b[i]);
+  };
+  std::uint64_t seed = base_seed() + 85;
+  for (bool authors : {false, true})
+    for (bool coupled : {true, false}) {
+      const RouterInstance X = make_router(authors, authors ? "iahaa" : "iahah", coupled, seed++);
+      SCOPED_TRACE(std::string(authors ? "authors" : "kimi") + (coupled ? " coupled" : " uncoupled"));
+      const DepthInstance& I = X.depth;
+      const model::RouteGrads<R> ref = router_backward<R>(X);
+      const model::RouteGrads<T> got = router_backward<T>(X);
+      const bounds::RouteBackwardBounds b =
+          authors ? bounds::authors_route_backward_bounds(I.sources.cast<T>(), X.wq.cast<T>(), X.wk.cast<T>(), T(X.recency),
+                                                          I.psi.cast<T>(), I.kinds, I.opt, depth_cot<T>(I))
+                  : bounds::kimi_route_backward_bounds(I.sources.cast<T>(), X.w.cast<T>(), X.gain.cast<T>(), X.cfg.key_norm,
+                                                       I.psi.cast<T>(), I.kinds, I.opt, depth_cot<T>(I));
+      EXPECT_TRUE(oasis::test::within_bound("sources", got.sources, ref.sources, use(b.sources)));
+      EXPECT_TRUE(oasis::test::within_bound("g_old", got.g_old, ref.g_old, use(b.g_old)));
+      EXPECT_TRUE(oasis::test::within_bound("psi", got.depth.psi, ref.depth.psi, use(b.depth.psi)));
+      EXPECT_LE(std::abs(static_cast<double>(R(got.depth.theta) - ref.depth.theta)), b.depth.theta);
+      ratio(got.sources, ref.sources, b.sources);
+      ratio(got.g_old, ref.g_old, b.g_old);
+      if (authors) {
+        EXPECT_TRUE(oasis::test::within_bound("wq", got.authors.wq, ref.authors.wq, use(b.authors.wq)));
+        EXPECT_TRUE(oasis::test::within_bound("wk", got.authors.wk, ref.authors.wk, use(b.authors.wk)));
+        EXPECT_LE(std::abs(static_cast<double>(R(got.authors.recency) - ref.authors.recency)), b.authors.recency);
+        ratio(got.authors.wq, ref.authors.wq, b.authors.wq);
+        ratio(got.authors.wk, ref.authors.wk, b.authors.wk);
+      } else {
+        EXPECT_TRUE(oasis::test::within_bound("w", got.kimi.w, ref.kimi.w, use(b.kimi.w)));
+        EXPECT_TRUE(oasis::test::within_bound("gain", got.kimi.gain, ref.kimi.gain, use(b.kimi.gain)));
+        ratio(got.kimi.w, ref.kimi.w, b.kimi.w);
+      }
+    }
+  std::printf("router backward %s: worst |err| / bound = %.3g\n", sizeof(T) == 4 ? "float" : "double", worst);
+}
+
 // ---- the zoo ------------------------------------------------------------------------------------
 
 namespace {

@@ -7,6 +7,7 @@
 //   pseudo_query_backward.hpp Kimi pseudo-query logits: w, gain, sources (keys)
 //   router_backward.hpp       the model's routers (Kimi, authors'): logits + routing, sources in total
 //   backward_bounds.hpp       derived error bounds of the backward in T against high precision
+//   router_backward_bounds.hpp the routers' bounds, composed from the steps' bounds
 //   instances.hpp             the compiled instances (float, double, long double, mp50, mpfr50)
 #pragma once
 
@@ -18,3 +19,4 @@
 #include "oasis/grad/normalizer_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"
 #include "oasis/grad/router_backward.hpp"
+#include "oasis/grad/router_backward_bounds.hpp"

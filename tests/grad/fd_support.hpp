@@ -90,7 +90,8 @@ struct Summary {
   std::string first;
   void add(const std::string& name, const mp50& analytic, const mp50& fdq, double tol, int show = 5) {
     const mp50 diff = analytic - fdq;
-    const double err = std::abs(static_cast<double>(diff));
+    double err = std::abs(static_cast<double>(diff));
+    if (std::isnan(err)) err = INFINITY;  // a NaN gradient is as wrong as it gets
     ++checked;
     worst_ratio = std::max(worst_ratio, tol > 0 ? err / tol : (err > 0 ? INFINITY : 0));
     if (!(err <= tol)) {

@@ -161,7 +161,8 @@ double row_m3(const RowInfo& r, const std::function<double(index_t)>& slope, dou
   return fd::row_third_derivative_bound(cats, r.dlse);
 }
 
-/// Every analytic gradient of `g` (mp50, [B, H, T, d]) against the central difference of the loss.
+/// Every analytic gradient of `g` (mp50, [B, H, T, d]) against the central difference of the loss
+/// (null logits and bias first, then k, v, q: the cheap coordinates where a wrong row backward shows).
 fd::Summary fd_check(const Instance& I, const AttentionGrads<R>& g, long stop_after = 0) {
   const index_t B = I.q.dim(0), H = I.q.dim(1), Hkv = I.k.dim(1), Tq = I.q.dim(2), Tk = I.k.dim(2), dh = I.q.dim(3),
                 dv = I.v.dim(3), group = H / Hkv;
@@ -194,29 +195,6 @@ fd::Summary fd_check(const Instance& I, const AttentionGrads<R>& g, long stop_af
     sum.add(name, analytic, D, t.value(static_cast<double>(D)));
   };
   AttentionOptions opt = I.opt;
-  for (index_t b = 0; b < B; ++b)
-    for (index_t h = 0; h < H; ++h)
-      for (index_t t = 0; t < Tq; ++t)
-        for (index_t c = 0; c < dh; ++c) {
-          const double M3 = row_m3(row(b, h, t), [&](index_t j) { return scale * I.k(b, h / group, j, c); }, 0.0);
-          check("dq" + oasis::test::index_str(q.shape(), q.offset(b, h, t, c)), g.q(b, h, t, c),
-                [&](const R& e) { Tensor<R> x = q; x(b, h, t, c) += e; return loss(x, k, v, opt, I); }, M3);
-        }
-  for (index_t b = 0; b < B; ++b)
-    for (index_t hk = 0; hk < Hkv; ++hk)
-      for (index_t j = 0; j < Tk; ++j) {
-        for (index_t c = 0; c < dh; ++c) {
-          double M3 = 0;
-          for (index_t h = hk * group; h < (hk + 1) * group; ++h)
-            for (index_t t = 0; t < Tq; ++t)
-              M3 += row_m3(row(b, h, t), [&](index_t key) { return key == j ? scale * I.q(b, h, t, c) : 0.0; }, 0.0);
-          check("dk" + oasis::test::index_str(k.shape(), k.offset(b, hk, j, c)), g.k(b, hk, j, c),
-                [&](const R& e) { Tensor<R> x = k; x(b, hk, j, c) += e; return loss(q, x, v, opt, I); }, M3);
-        }
-        for (index_t c = 0; c < dv; ++c)  // the loss is linear in v: M3 = 0
-          check("dv" + oasis::test::index_str(v.shape(), v.offset(b, hk, j, c)), g.v(b, hk, j, c),
-                [&](const R& e) { Tensor<R> x = v; x(b, hk, j, c) += e; return loss(q, k, x, opt, I); }, 0.0);
-      }
   if (opt.normalizer == RowNorm::softmax1)
     for (index_t h = 0; h < H; ++h) {
       double M3 = 0;
@@ -249,6 +227,29 @@ fd::Summary fd_check(const Instance& I, const AttentionGrads<R>& g, long stop_af
                   return loss(q, k, v, o, I);
                 },
                 M3);
+        }
+  for (index_t b = 0; b < B; ++b)
+    for (index_t hk = 0; hk < Hkv; ++hk)
+      for (index_t j = 0; j < Tk; ++j) {
+        for (index_t c = 0; c < dh; ++c) {
+          double M3 = 0;
+          for (index_t h = hk * group; h < (hk + 1) * group; ++h)
+            for (index_t t = 0; t < Tq; ++t)
+              M3 += row_m3(row(b, h, t), [&](index_t key) { return key == j ? scale * I.q(b, h, t, c) : 0.0; }, 0.0);
+          check("dk" + oasis::test::index_str(k.shape(), k.offset(b, hk, j, c)), g.k(b, hk, j, c),
+                [&](const R& e) { Tensor<R> x = k; x(b, hk, j, c) += e; return loss(q, x, v, opt, I); }, M3);
+        }
+        for (index_t c = 0; c < dv; ++c)  // the loss is linear in v: M3 = 0
+          check("dv" + oasis::test::index_str(v.shape(), v.offset(b, hk, j, c)), g.v(b, hk, j, c),
+                [&](const R& e) { Tensor<R> x = v; x(b, hk, j, c) += e; return loss(q, k, x, opt, I); }, 0.0);
+      }
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < Tq; ++t)
+        for (index_t c = 0; c < dh; ++c) {
+          const double M3 = row_m3(row(b, h, t), [&](index_t j) { return scale * I.k(b, h / group, j, c); }, 0.0);
+          check("dq" + oasis::test::index_str(q.shape(), q.offset(b, h, t, c)), g.q(b, h, t, c),
+                [&](const R& e) { Tensor<R> x = q; x(b, h, t, c) += e; return loss(x, k, v, opt, I); }, M3);
         }
   return sum;
 }
@@ -288,15 +289,16 @@ const std::vector<Case>& fd_cases() {
 TEST(AttentionBackward, MatchesFiniteDifferencesInMp50) {
   std::uint64_t seed = base_seed();
   double worst = 0;
+  long checked = 0;
   for (const Case& c : fd_cases()) {
     SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
     const Instance I = make_instance(c, seed++);
     const fd::Summary s = fd_check(I, library_backward<R>(I));
     EXPECT_TRUE(s.ok()) << s.failed << " of " << s.checked << " gradients off their finite difference\n" << s.first;
     worst = std::max(worst, s.worst_ratio);
+    checked += s.checked;
   }
-  RecordProperty("worst_fd_ratio", std::to_string(worst));
-  std::printf("attention backward vs FD: worst |analytic - fd| / tol = %.3g\n", worst);
+  std::printf("attention backward vs FD: %ld gradients, worst |analytic - fd| / tol = %.3g\n", checked, worst);
 }
 
 // ---- identities --------------------------------------------------------------------------------
@@ -639,7 +641,7 @@ AttentionGrads<T> fa2_backward(const Tensor<T>& q, const Tensor<T>& k, const Ten
           O(b, h, t, c) = empty ? T(0) : acc[static_cast<std::size_t>(c)] / l;
           dd += d.out(b, h, t, c) * (mu == Mutant::d_unnormalised ? acc[static_cast<std::size_t>(c)] : O(b, h, t, c));
         }
-        if (mu == Mutant::d_without_null && null) dd /= (T(1) - pn(b, h, t));
+        if (mu == Mutant::d_without_null && null && pn(b, h, t) < T(1)) dd /= (T(1) - pn(b, h, t));
         D(b, h, t) = dd;
       }
     }
@@ -690,7 +692,7 @@ AttentionGrads<T> fa2_backward(const Tensor<T>& q, const Tensor<T>& k, const Ten
 
 /// The zoo's case: GQA, causal, padding, sinks, dLSE and dP (every mutant's mistake shows here).
 Case zoo_case() {
-  Case c{"zoo", 2, 4, 2, 5, 5, 3, 3};
+  Case c{"zoo", 2, 4, 2, 4, 4, 2, 2};
   c.causal = c.sinks = c.dlse = c.dp_null = c.padding = true;
   return c;
 }

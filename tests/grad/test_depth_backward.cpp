@@ -325,6 +325,7 @@ const std::vector<DepthCase>& depth_cases() {
 TEST(DepthBackward, MatchesFiniteDifferencesInMp50) {
   std::uint64_t seed = base_seed();
   double worst = 0;
+  long checked = 0;
   for (const DepthCase& c : depth_cases()) {
     SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
     const DepthInstance I = make_depth(c, seed++);
@@ -333,8 +334,9 @@ TEST(DepthBackward, MatchesFiniteDifferencesInMp50) {
     const fd::Summary s = fd_check_depth(I, g);
     EXPECT_TRUE(s.ok()) << s.failed << " of " << s.checked << " gradients off their finite difference\n" << s.first;
     worst = std::max(worst, s.worst_ratio);
+    checked += s.checked;
   }
-  std::printf("depth backward vs FD: worst |analytic - fd| / tol = %.3g\n", worst);
+  std::printf("depth backward vs FD: %ld gradients, worst |analytic - fd| / tol = %.3g\n", checked, worst);
 }
 
 TEST(DepthBackward, SoftmaxLogitGradientsSumToZeroAndSoftmax1ToTheNullTerm) {
@@ -546,6 +548,7 @@ fd::Summary fd_check_kimi(const KimiInstance& K, const PseudoQueryGrads<R>& g, l
 
 TEST(PseudoQueryBackward, MatchesFiniteDifferencesInMp50) {
   double worst = 0;
+  long checked = 0;
   std::uint64_t seed = base_seed() + 50;
   for (bool gain : {false, true})
     for (double eps : {1e-6, 1e-5}) {
@@ -556,8 +559,9 @@ TEST(PseudoQueryBackward, MatchesFiniteDifferencesInMp50) {
       const fd::Summary s = fd_check_kimi(K, g);
       EXPECT_TRUE(s.ok()) << s.failed << " of " << s.checked << "\n" << s.first;
       worst = std::max(worst, s.worst_ratio);
+      checked += s.checked;
     }
-  std::printf("pseudo-query backward vs FD: worst |analytic - fd| / tol = %.3g\n", worst);
+  std::printf("pseudo-query backward vs FD: %ld gradients, worst |analytic - fd| / tol = %.3g\n", checked, worst);
 }
 
 // ---- the routers: logits, the uncoupled clamp, coupling, normaliser and mix, sources in total ----
@@ -771,6 +775,7 @@ fd::Summary fd_check_router(const RouterInstance& X, const model::RouteGrads<R>&
 
 TEST(RouterBackward, MatchesFiniteDifferencesOfTheModelsRouters) {
   double worst = 0;
+  long checked = 0;
   std::uint64_t seed = base_seed() + 60;
   for (bool authors : {false, true})
     for (bool coupled : {true, false}) {
@@ -780,8 +785,9 @@ TEST(RouterBackward, MatchesFiniteDifferencesOfTheModelsRouters) {
       const fd::Summary s = fd_check_router(X, router_backward<R>(X));
       EXPECT_TRUE(s.ok()) << s.failed << " of " << s.checked << "\n" << s.first;
       worst = std::max(worst, s.worst_ratio);
+      checked += s.checked;
     }
-  std::printf("router backward vs FD: worst |analytic - fd| / tol = %.3g\n", worst);
+  std::printf("router backward vs FD: %ld gradients, worst |analytic - fd| / tol = %.3g\n", checked, worst);
 }
 
 TEST(RouterBackward, SourcesGetTheMixAndTheKeyGradients) {

@@ -208,3 +208,21 @@ TEST(GradOps, DepthBackwardPassesInF64AndTheOpsAreListed) {
   for (const char* op : {"attention_backward", "psi_backward", "depth_backward", "pseudo_query_backward"})
     EXPECT_NE(ops.find(op), std::string::npos) << op;
 }
+
+TEST(GradOps, AttentionBackwardInTheBthdLayout) {
+  // [B, T, H, d] tensors with layout "bthd": the same verdict as the [B, H, T, d] call.
+  const AttnCase c = attn_case();
+  const AttentionGrads<float> g = attn_grads<float>(c);
+  const io::TensorMap in = as_map({{"q", swap_head_time(c.q)}, {"k", swap_head_time(c.k)}, {"v", swap_head_time(c.v)},
+                                   {"grad_out", swap_head_time(c.dout)}, {"grad_lse", c.dlse}, {"null_logits", c.nl},
+                                   {"bias", c.bias}});
+  const io::TensorMap out = as_map({{"grad_q", swap_head_time(g.q).cast<double>()}, {"grad_k", swap_head_time(g.k).cast<double>()},
+                                    {"grad_v", swap_head_time(g.v).cast<double>()}});
+  const io::json::Value opt = io::json::parse(R"({"causal": true, "window": 4, "key_lengths": [6, 4], "layout": "bthd"})");
+  const verify::CompareReport r = verify::check("attention_backward", in, out, opt);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  // the [B, H, T, d] gradients reinterpreted as [B, T, H, d] (reshaped, not transposed) fail
+  const verify::CompareReport bad = verify::check(
+      "attention_backward", in, as_map({{"grad_q", g.q.cast<double>().reshaped({2, 5, 4, 8})}}), opt);
+  EXPECT_FALSE(bad.passed);
+}

@@ -2,13 +2,18 @@
 // of the null statistic psi, written WITHOUT the oracle (plain C++17, float arithmetic), that
 // saves its inputs and outputs as .npy files plus the configuration `oasis-verify compare` reads.
 //
-//   producer OUTDIR [--mistake lse|psi-sum]
+//   producer OUTDIR [--mistake lse|psi-sum|grad-d]
 //
 // --mistake lse      the classic bug: the normaliser is right (so `out` is right) but the reported
 //                    log-sum-exp leaves the null logit out, LSE = log sum_j e^{z_j} instead of
 //                    LSE1 = log(e^0 + sum_j e^{z_j}); p_null is then derived as exp(0 - LSE).
 // --mistake psi-sum  psi summed over heads instead of averaged (psi = sum_h p_null instead of
 //                    (1/H) sum_h p_null).
+// --mistake grad-d   in the backward, D = rowsum(dO * O) taken from the output renormalised over
+//                    the keys (O / (1 - p_null), as if the probabilities summed to 1 without the
+//                    null) instead of the Softmax1 output O.
+// It also computes the backward of the attention for a random incoming gradient dO (grad_q, grad_k,
+// grad_v and the gradient of each head's null logit) and writes attention_backward.json.
 // See docs/verify.md ("Worked example") for the walkthrough.
 #include <cmath>
 #include <cstdint>
@@ -62,14 +67,14 @@ bool write_npy_f32(const std::string& path, const std::vector<int>& shape, const
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
-    std::fprintf(stderr, "usage: producer OUTDIR [--mistake lse|psi-sum]\n");
+    std::fprintf(stderr, "usage: producer OUTDIR [--mistake lse|psi-sum|grad-d]\n");
     return argc < 2 ? 2 : 0;
   }
   const std::string dir = argv[1];
   std::string mistake;
   if (argc == 4 && std::string(argv[2]) == "--mistake") mistake = argv[3];
   else if (argc != 2) { std::fprintf(stderr, "producer: bad arguments\n"); return 2; }
-  if (!mistake.empty() && mistake != "lse" && mistake != "psi-sum") {
+  if (!mistake.empty() && mistake != "lse" && mistake != "psi-sum" && mistake != "grad-d") {
     std::fprintf(stderr, "producer: unknown mistake '%s'\n", mistake.c_str());
     return 2;
   }
@@ -117,10 +122,48 @@ int main(int argc, char** argv) {
     if (mistake != "psi-sum") psi[t] /= static_cast<float>(H);  // BUG when omitted
   }
 
+  // The backward for dL/dout = dO: with the row's probabilities p_j, p_null = exp(0 - LSE1) and
+  // D = <dO_t, O_t>: dz_j = p_j (<dO_t, v_j> - D), dq_t = scale sum_j dz_j k_j, dk_j = scale
+  // sum_t dz_j q_t, dv_j = sum_t p_j dO_t, and the null logit's ds = -sum_t p_null D.
+  std::vector<float> dout(out.size()), dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f), ds(H, 0.0f);
+  for (float& x : dout) x = rng.normal();
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < T; ++t) {
+      float z[T], p[T];
+      float M = 0.0f;
+      for (int j = 0; j <= t; ++j) {
+        float dot = 0.0f;
+        for (int c = 0; c < D; ++c) dot += q[(h * T + t) * D + c] * k[(h * T + j) * D + c];
+        z[j] = dot * scale;
+        M = std::fmax(M, z[j]);
+      }
+      float S = std::exp(0.0f - M);
+      for (int j = 0; j <= t; ++j) S += std::exp(z[j] - M);
+      for (int j = 0; j <= t; ++j) p[j] = std::exp(z[j] - M) / S;
+      const float pn = std::exp(0.0f - M) / S;
+      const float* dO = &dout[(h * T + t) * D];
+      float Dt = 0.0f;
+      for (int c = 0; c < D; ++c) Dt += dO[c] * out[(h * T + t) * D + c];
+      if (mistake == "grad-d") Dt /= 1.0f - pn;  // BUG: D from the output without the null
+      for (int j = 0; j <= t; ++j) {
+        float dp = 0.0f;
+        for (int c = 0; c < D; ++c) dp += dO[c] * v[(h * T + j) * D + c];
+        const float dz = p[j] * (dp - Dt);
+        for (int c = 0; c < D; ++c) {
+          dq[(h * T + t) * D + c] += scale * dz * k[(h * T + j) * D + c];
+          dk[(h * T + j) * D + c] += scale * dz * q[(h * T + t) * D + c];
+          dv[(h * T + j) * D + c] += p[j] * dO[c];
+        }
+      }
+      ds[h] -= pn * Dt;
+    }
+
   bool ok = write_npy_f32(dir + "/q.npy", {B, H, T, D}, q) && write_npy_f32(dir + "/k.npy", {B, H, T, D}, k) &&
             write_npy_f32(dir + "/v.npy", {B, H, T, D}, v) && write_npy_f32(dir + "/out.npy", {B, H, T, D}, out) &&
             write_npy_f32(dir + "/lse.npy", {B, H, T}, lse) && write_npy_f32(dir + "/p_null.npy", {B, H, T}, p_null) &&
-            write_npy_f32(dir + "/psi.npy", {B, T}, psi);
+            write_npy_f32(dir + "/psi.npy", {B, T}, psi) && write_npy_f32(dir + "/grad_out.npy", {B, H, T, D}, dout) &&
+            write_npy_f32(dir + "/grad_q.npy", {B, H, T, D}, dq) && write_npy_f32(dir + "/grad_k.npy", {B, H, T, D}, dk) &&
+            write_npy_f32(dir + "/grad_v.npy", {B, H, T, D}, dv) && write_npy_f32(dir + "/grad_null_logits.npy", {H}, ds);
   std::ofstream(dir + "/attention.json")
       << "{\n  \"op\": \"attention\",\n"
          "  \"inputs\": {\"q\": \"q.npy\", \"k\": \"k.npy\", \"v\": \"v.npy\"},\n"
@@ -128,11 +171,18 @@ int main(int argc, char** argv) {
          "  \"options\": {\"normalizer\": \"softmax1\", \"causal\": true}\n}\n";
   std::ofstream(dir + "/psi.json")
       << "{\n  \"op\": \"psi\",\n  \"inputs\": {\"p_null\": \"p_null.npy\"},\n  \"outputs\": {\"psi\": \"psi.npy\"}\n}\n";
+  std::ofstream(dir + "/attention_backward.json")
+      << "{\n  \"op\": \"attention_backward\",\n"
+         "  \"inputs\": {\"q\": \"q.npy\", \"k\": \"k.npy\", \"v\": \"v.npy\", \"grad_out\": \"grad_out.npy\"},\n"
+         "  \"outputs\": {\"grad_q\": \"grad_q.npy\", \"grad_k\": \"grad_k.npy\", \"grad_v\": \"grad_v.npy\",\n"
+         "              \"grad_null_logits\": \"grad_null_logits.npy\"},\n"
+         "  \"options\": {\"normalizer\": \"softmax1\", \"causal\": true}\n}\n";
   if (!ok) {
     std::fprintf(stderr, "producer: cannot write to %s\n", dir.c_str());
     return 1;
   }
-  std::printf("wrote q, k, v, out, lse, p_null, psi (.npy) and attention.json, psi.json to %s%s\n", dir.c_str(),
+  std::printf("wrote q, k, v, out, lse, p_null, psi, grad_* (.npy) and attention.json, psi.json, attention_backward.json to %s%s\n",
+              dir.c_str(),
               mistake.empty() ? "" : (" (mistake: " + mistake + ")").c_str());
   return 0;
 }

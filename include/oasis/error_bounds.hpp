@@ -166,31 +166,47 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
   return b;
 }
 
+/// The coupling strength and its rounding in T (unit roundoff u): beta_raw = softplus(theta) in T
+/// (exp, log1p, add: <= 6u relative; theta rounded to T: u |theta| sigmoid(theta)) or the given beta
+/// rounded once (u beta); beta = min(beta_raw, beta_max) (a capped beta is beta_max rounded once).
+struct BetaBound {
+  double raw, raw_err;  ///< beta_raw (exact) and the bound on its error in T
+  double beta, err;     ///< beta after the cap and the bound on its error in T
+};
+inline BetaBound beta_bound(const DepthOptions& opt, double u) {
+  const CouplingOptions& co = opt.coupling_options;
+  BetaBound b{};
+  if (opt.beta) {
+    b.raw = *opt.beta;
+    b.raw_err = u * b.raw;
+  } else {
+    b.raw = std::max(opt.theta, 0.0) + std::log1p(std::exp(-std::abs(opt.theta)));
+    const double sig = 1.0 / (1.0 + std::exp(-opt.theta));
+    b.raw_err = 6.0 * u * b.raw + u * std::abs(opt.theta) * sig;
+  }
+  b.beta = std::min(b.raw, co.beta_max);
+  b.err = b.raw > co.beta_max ? u * b.beta : b.raw_err;
+  return b;
+}
+
 /// Bounds of a depth-routing result (shapes as DepthRoute).
 struct DepthRouteBounds {
   Tensor<double> h, alpha, alpha_null, g, dpsi;
 };
 
 /// Bound on |attn_res_route<T>(...) - exact| per element; `ref` is the high-precision result.
+/// `g_old_err` (optional, [n, N]) bounds an error already present in g_old (logits a router
+/// computed in T); null: g_old is exact.
 template <class T, class R>
 DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
                                     const std::vector<SourceKind>& kinds, const DepthOptions& opt,
-                                    const DepthRoute<R>& ref) {
+                                    const DepthRoute<R>& ref, const Tensor<double>* g_old_err = nullptr) {
   const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
   const Precision pr = Precision::of<T>();
   const double u = pr.u;
   const CouplingOptions& co = opt.coupling_options;
-  // beta = min(softplus(theta), beta_max) in T: exp, log1p, add; theta or beta rounded to T.
-  double beta, beta_err;
-  if (opt.beta) {
-    beta = std::min(*opt.beta, co.beta_max);
-    beta_err = u * beta;
-  } else {
-    const double sp = std::max(opt.theta, 0.0) + std::log1p(std::exp(-std::abs(opt.theta)));
-    beta = std::min(sp, co.beta_max);
-    const double sig = 1.0 / (1.0 + std::exp(-opt.theta));
-    beta_err = sp > co.beta_max ? u * beta : 6.0 * u * sp + u * std::abs(opt.theta) * sig;
-  }
+  const BetaBound bb = beta_bound(opt, u);
+  const double beta = bb.beta, beta_err = bb.err;
   index_t count = 0;
   for (SourceKind kd : kinds) count += has_null_evidence(kd, co.headless) ? 1 : 0;
   const index_t mean_count = co.centring == Centring::paper_v2 ? count : n;
@@ -207,7 +223,7 @@ DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& g
     for (index_t i = 0; i < n; ++i) {
       const double gi = static_cast<double>(ref.g(i, t));
       g[static_cast<std::size_t>(i)] = gi;
-      double e = 0;
+      double e = g_old_err ? (*g_old_err)(i, t) : 0.0;  // clamping is 1-Lipschitz
       if (coupled) {
         const double dp = static_cast<double>(ref.dpsi(i, t));
         const bool in_set = co.centring == Centring::authors_code ||
@@ -215,7 +231,7 @@ DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& g
         // mean: sum of mean_count terms (gamma) + division; then the subtraction.
         const double dpsi_err = in_set ? u * (std::abs(dp) + (static_cast<double>(mean_count) + 1.0) * mean_abs) : 0.0;
         b.dpsi(i, t) = kSecondOrder * dpsi_err;
-        e = beta * dpsi_err + std::abs(dp) * beta_err + u * std::abs(beta * dp) + u * std::abs(gi);
+        e += beta * dpsi_err + std::abs(dp) * beta_err + u * std::abs(beta * dp) + u * std::abs(gi);
       }
       gerr[static_cast<std::size_t>(i)] = e;
       b.g(i, t) = kSecondOrder * e;

@@ -172,8 +172,10 @@ void validate_call(const OpSpec& s, const TensorMap& in, const TensorMap& out, c
 }
 
 const std::vector<OpSpec>& op_specs() {
-  static const std::vector<OpSpec> specs = {normalizer_op(), attention_op(),   psi_op(),
-                                            coupling_op(),   depth_op(),       pseudo_query_op()};
+  static const std::vector<OpSpec> specs = {normalizer_op(),          attention_op(),     psi_op(),
+                                            coupling_op(),            depth_op(),         pseudo_query_op(),
+                                            attention_backward_op(),  psi_backward_op(),  depth_backward_op(),
+                                            pseudo_query_backward_op()};
   return specs;
 }
 

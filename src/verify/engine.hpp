@@ -88,6 +88,10 @@ OpSpec psi_op();
 OpSpec coupling_op();
 OpSpec depth_op();
 OpSpec pseudo_query_op();
+OpSpec attention_backward_op();
+OpSpec psi_backward_op();
+OpSpec depth_backward_op();
+OpSpec pseudo_query_backward_op();
 
 /// The model level (op_model.cpp): `weights_file` holds the model and its configuration; or the
 /// configuration and the weights in memory.

@@ -4,6 +4,9 @@
 #   producer DIR --mistake lse;   compare attention.json -> exit 1, lse and p_null FAIL, out PASS,
 #                                 the first mismatch named lse[0, 0, 0]
 #   producer DIR --mistake psi-sum; compare psi.json -> exit 1, psi FAIL at psi[0, 0]
+#   producer DIR (good);          compare attention_backward.json -> exit 0
+#   producer DIR --mistake grad-d; compare attention_backward.json -> exit 1, grad_v PASS,
+#                                 grad_q, grad_k, grad_null_logits FAIL
 # Invoked as cmake -DPRODUCER=.. -DVERIFY=.. -DWORK=.. -P worked_example.cmake
 function(run_step expect_rc)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -20,7 +23,7 @@ function(expect_match regex)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK})
-foreach(d good lse psi)
+foreach(d good lse psi grad)
   file(MAKE_DIRECTORY ${WORK}/${d})
 endforeach()
 
@@ -28,6 +31,8 @@ run_step(0 ${PRODUCER} ${WORK}/good)
 run_step(0 ${VERIFY} compare ${WORK}/good/attention.json)
 expect_match("verdict: PASS")
 run_step(0 ${VERIFY} compare ${WORK}/good/psi.json)
+run_step(0 ${VERIFY} compare ${WORK}/good/attention_backward.json)
+expect_match("verdict: PASS \\(4 of 4")
 
 run_step(0 ${PRODUCER} ${WORK}/lse --mistake lse)
 run_step(1 ${VERIFY} compare ${WORK}/lse/attention.json --json ${WORK}/lse/report.json)
@@ -43,3 +48,11 @@ endif()
 run_step(0 ${PRODUCER} ${WORK}/psi --mistake psi-sum)
 run_step(1 ${VERIFY} compare ${WORK}/psi/psi.json)
 expect_match("psi\\[0, 0\\]: got")
+
+run_step(0 ${PRODUCER} ${WORK}/grad --mistake grad-d)
+run_step(1 ${VERIFY} compare ${WORK}/grad/attention_backward.json)
+expect_match("\n  grad_v +f32 [^\n]* PASS")
+expect_match("\n  grad_q +f32 [^\n]* FAIL")
+expect_match("\n  grad_k +f32 [^\n]* FAIL")
+expect_match("\n  grad_null_logits +f32 [^\n]* FAIL")
+expect_match("verdict: FAIL \\(1 of 4")

@@ -158,36 +158,63 @@ RouteResult<T> kimi_route(const std::vector<const DepthSource<T>*>& c, const Ten
   return finish_route(c, sources, std::move(g_old), e_gold, theta, cfg, em);
 }
 
-/// The authors' router: q = W_q c (c = last candidate), k_i = W_k s_i,
-/// g_i = q·k_i / sqrt(r) + rec * i / (n - 1), then finish_route.
+/// The authors' router logits over stacked sources [n, N, d] (the current candidate c = s_{n-1}):
+///   q = W_q c,  k_i = W_k s_i  (W [r, d], left-to-right dot products as linear()),
+///   g_i = (q·k_i) * (1 / sqrt(r)) + rec * (i / (n - 1)).
+template <class T>
+Tensor<T> authors_router_logits(const Tensor<T>& sources, const Tensor<T>& wq, const Tensor<T>& wk, const T& recency) {
+  using std::sqrt;
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  OASIS_REQUIRE(n >= 2, "sources", "the authors' router always sees the embedding and the current candidate");
+  OASIS_REQUIRE(wq.rank() == 2 && wq.dim(1) == d, "wq", "shape ", shape_str(wq.shape()), " is not [r, d = ", d, "]");
+  OASIS_REQUIRE(wk.shape() == wq.shape(), "wk", "shape ", shape_str(wk.shape()), " differs from wq's ", shape_str(wq.shape()));
+  const index_t rk = wq.dim(0);
+  const T scale = T(1) / sqrt(T(rk));
+  auto project = [&](const Tensor<T>& W, const T* x, std::vector<T>& y) {
+    for (index_t a = 0; a < rk; ++a) {
+      T acc(0);
+      for (index_t c = 0; c < d; ++c) acc += W(a, c) * x[c];
+      y[static_cast<std::size_t>(a)] = acc;
+    }
+  };
+  Tensor<T> g({n, N});
+  std::vector<T> q(static_cast<std::size_t>(rk)), k(q.size());
+  for (index_t t = 0; t < N; ++t) {
+    project(wq, sources.ptr(n - 1, t), q);
+    for (index_t i = 0; i < n; ++i) {
+      project(wk, sources.ptr(i, t), k);
+      T dot(0);
+      for (index_t a = 0; a < rk; ++a) dot += q[static_cast<std::size_t>(a)] * k[static_cast<std::size_t>(a)];
+      g(i, t) = dot * scale + recency * (T(i) / T(n - 1));
+    }
+  }
+  return g;
+}
+
+/// The authors' router: g_old = authors_router_logits(sources, W_q, W_k, rec), then finish_route.
 /// Error rule of g: dg_i = s (e_q ||k_i||_1 + ||q||_1 e_ki) + (gamma_r + 3u) s sum |q k_i| + 3u |rec i/(n-1)| + u |g_i|.
 template <class T>
 RouteResult<T> authors_route(const std::vector<const DepthSource<T>*>& c, const Tensor<T>& wq, const Tensor<T>& wk,
                              const T& recency, double theta, const ModelConfig& cfg, const ErrorModel& em) {
-  using std::sqrt;
   const Tensor<T> sources = stack_sources(c);
   const index_t n = sources.dim(0), N = sources.dim(1), rk = wq.dim(0);
-  OASIS_REQUIRE(n >= 2, "sources", "the authors' router always sees the embedding and the current candidate");
-  const Rows<T> q = linear(c.back()->v, wq, em);
-  std::vector<Rows<T>> k;
-  for (index_t i = 0; i < n; ++i) k.push_back(linear(c[static_cast<std::size_t>(i)]->v, wk, em));
-  const T scale = T(1) / sqrt(T(rk));
-  Tensor<T> g_old({n, N});
+  Tensor<T> g_old = authors_router_logits(sources, wq, wk, recency);
   std::vector<double> e_gold(em.on() ? static_cast<std::size_t>(n * N) : 0);
-  const double sc = 1.0 / std::sqrt(static_cast<double>(rk));
-  for (index_t i = 0; i < n; ++i) {
-    const T rec = recency * (T(i) / T(n - 1));
-    for (index_t t = 0; t < N; ++t) {
-      T dot(0);
-      for (index_t a = 0; a < rk; ++a) dot += q.x(t, a) * k[static_cast<std::size_t>(i)].x(t, a);
-      g_old(i, t) = dot * scale + rec;
-      if (em.on()) {
+  if (em.on()) {
+    const Rows<T> q = linear(c.back()->v, wq, em);
+    std::vector<Rows<T>> k;
+    for (index_t i = 0; i < n; ++i) k.push_back(linear(c[static_cast<std::size_t>(i)]->v, wk, em));
+    const double sc = 1.0 / std::sqrt(static_cast<double>(rk));
+    for (index_t i = 0; i < n; ++i) {
+      const double rec = to_double(T(recency * (T(i) / T(n - 1))));
+      for (index_t t = 0; t < N; ++t) {
         double absdot = 0;
         for (index_t a = 0; a < rk; ++a) absdot += std::abs(to_double(q.x(t, a)) * to_double(k[static_cast<std::size_t>(i)].x(t, a)));
         e_gold[static_cast<std::size_t>(i * N + t)] =
             sc * (q.e[static_cast<std::size_t>(t)] * row_l1(k[static_cast<std::size_t>(i)].x.ptr(t), rk) +
                   row_l1(q.x.ptr(t), rk) * k[static_cast<std::size_t>(i)].e[static_cast<std::size_t>(t)]) +
-            (em.gamma(static_cast<double>(rk)) + 3.0 * em.u) * sc * absdot + 3.0 * em.u * std::abs(to_double(rec)) +
+            (em.gamma(static_cast<double>(rk)) + 3.0 * em.u) * sc * absdot + 3.0 * em.u * std::abs(rec) +
             em.u * std::abs(to_double(g_old(i, t)));
       }
     }

@@ -1,0 +1,377 @@
+// oasis/grad/backward_bounds.hpp — derived per-element error bounds of the backward reference in T.
+//
+// As oasis/error_bounds.hpp for the forward: for the backward computed in scalar T (unit roundoff
+// u) on inputs and incoming gradients exact in T, a bound on |computed - exact| per element, where
+// "exact" is the high-precision backward on the same inputs. First order, standard model
+// fl(a op b) = (a op b)(1 + d), |d| <= u; a dot product or recursive sum of n products has absolute
+// error <= n u sum |terms|; exp, log, log1p within 2u. The forward quantities the backward
+// recomputes (p, p_null, alpha, the coupled logits) carry the forward bounds of error_bounds.hpp.
+// Exact values (p, D, ...) come from the high-precision forward; the derivation is in
+// docs/tolerances.md ("Backward"). Every bound is multiplied by 1.02 (second-order terms) and
+// gets the absolute floor 2 denorm_min(T).
+//
+// Kinks: where the exact value that decides a clamp (a coupled logit against +-L, beta_raw
+// against beta_max, the authors' mass deficit against 0) lies within its own rounding bound of the
+// bound, the computed decision may differ from the exact one; the element's bound then also
+// admits the other side (|exact gradient| added).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "oasis/error_bounds.hpp"
+#include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/depth_backward.hpp"
+#include "oasis/grad/pseudo_query_backward.hpp"
+
+namespace oasis::bounds {
+
+/// Bounds of token_attention_backward's results (shapes as AttentionGrads; bias and scores
+/// [B, H, Tq, Tk] always filled, null_logits [H] for softmax1).
+struct AttentionBackwardBounds {
+  Tensor<double> q, k, v, null_logits, bias, scores;
+};
+
+/// Bound on |token_attention_backward<T>(q, k, v, d, opt) - exact| per element. `ref` is the
+/// high-precision forward on the same inputs, computed with return_probs = true.
+template <class T, class R>
+AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                                  const AttentionCotangents<T>& d, const AttentionOptions& opt,
+                                                  const AttentionResult<R>& ref) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  check_attention_cotangents(s, opt, d);
+  OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  if (opt.layout == AttentionLayout::bthd) {  // bounds on [B, H, T, d] views, swapped back
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    AttentionResult<R> rr = ref;
+    rr.out = swap_head_time(ref.out);
+    AttentionBackwardBounds b = attention_backward_bounds(
+        swap_head_time(q), swap_head_time(k), swap_head_time(v),
+        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr);
+    b.q = swap_head_time(b.q);
+    b.k = swap_head_time(b.k);
+    b.v = swap_head_time(b.v);
+    return b;
+  }
+  const AttentionBounds fw = attention_bounds(q, k, v, opt, ref);
+  const Precision pr = Precision::of<T>();
+  const double u = pr.u;
+  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
+  const index_t group = s.H / s.H_kv;
+  const bool has_null = opt.normalizer == RowNorm::softmax1;
+  auto D = [](const auto& x) { return static_cast<double>(x); };
+
+  AttentionBackwardBounds b{Tensor<double>(q.shape()), Tensor<double>(k.shape()), Tensor<double>(v.shape()),
+                            has_null ? Tensor<double>({s.H}) : Tensor<double>(),
+                            opt.bias.empty() ? Tensor<double>() : Tensor<double>(opt.bias.shape()),
+                            Tensor<double>({s.B, s.H, s.Tq, s.Tk})};
+  // accumulated sums: S = sum of propagated term errors, A = sum |terms|, and term counts
+  Tensor<double> Sk(k.shape()), Ak(k.shape()), Sv(v.shape()), Av(v.shape()), cnt_kv({s.B, s.H_kv, s.Tk});
+  std::vector<double> Sn(static_cast<std::size_t>(s.H)), An(Sn.size()), cnt_n(Sn.size());
+  Tensor<double> Sb(b.bias.shape()), Ab(b.bias.shape()), cnt_b(b.bias.shape());
+  const std::size_t Tk = static_cast<std::size_t>(s.Tk);
+  std::vector<double> p(Tk), P(Tk), dp(Tk), E(Tk), dz(Tk), Z(Tk);
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t h = 0; h < s.H; ++h) {
+      const index_t hk = h / group;
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const KeyRange kr = visible_range(s, opt, bb, t);
+        const index_t m = kr.count();
+        const double pn = has_null ? D(ref.p_null(bb, h, t)) : 0.0, Pn = has_null ? fw.p_null(bb, h, t) : 0.0;
+        const double dpn = d.p_null.empty() ? 0.0 : D(d.p_null(bb, h, t)), dl = d.lse.empty() ? 0.0 : D(d.lse(bb, h, t));
+        // dp_j = <dO_t, v_j> (exact inputs: dot-product rounding d_v u sum |.|), D_t = sum p dp + p_null dP
+        double Dt = pn * dpn, absD = pn * std::abs(dpn), ED = Pn * std::abs(dpn);
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          const index_t key = kr.begin + j;
+          double x = 0, ax = 0;
+          for (index_t c = 0; c < s.d_v; ++c) {
+            const double y = D(d.out(bb, h, t, c)) * D(v(bb, hk, key, c));
+            x += y;
+            ax += std::abs(y);
+          }
+          p[jj] = D(ref.probs(bb, h, t, key));
+          P[jj] = fw.probs(bb, h, t, key);
+          dp[jj] = x;
+          E[jj] = static_cast<double>(s.d_v) * u * ax;
+          Dt += p[jj] * x;
+          absD += p[jj] * std::abs(x);
+          ED += P[jj] * std::abs(x) + p[jj] * E[jj];
+        }
+        ED += static_cast<double>(m + 1) * u * absD;
+        // dz_j = p_j ((dp_j - D) + dLSE): the recomputed p_j, dp_j, D, two roundings and the product
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          const double w = dp[jj] - Dt + dl;
+          dz[jj] = p[jj] * w;
+          Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w));
+          b.scores(bb, h, t, kr.begin + j) = kSecondOrder * Z[jj] + pr.p_floor;
+        }
+        if (has_null) {  // ds_t = p_null ((dP - D) + dLSE)
+          const double w = dpn - Dt + dl;
+          Sn[static_cast<std::size_t>(h)] += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w));
+          An[static_cast<std::size_t>(h)] += std::abs(pn * w);
+          cnt_n[static_cast<std::size_t>(h)] += 1;
+        }
+        // dq_t = scale * sum_j dz_j k_j: m products and sums, then the scale (computed: 2u) and its product
+        for (index_t c = 0; c < s.d_h; ++c) {
+          double S = 0, A = 0;
+          for (index_t j = 0; j < m; ++j) {
+            const double kc = std::abs(D(k(bb, hk, kr.begin + j, c)));
+            S += Z[static_cast<std::size_t>(j)] * kc;
+            A += std::abs(dz[static_cast<std::size_t>(j)]) * kc;
+          }
+          b.q(bb, h, t, c) = kSecondOrder * scale * (S + static_cast<double>(m + 3) * u * A) + pr.p_floor;
+        }
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          const index_t key = kr.begin + j;
+          cnt_kv(bb, hk, key) += 1;
+          for (index_t c = 0; c < s.d_h; ++c) {
+            const double qc = std::abs(D(q(bb, h, t, c)));
+            Sk(bb, hk, key, c) += Z[jj] * qc;
+            Ak(bb, hk, key, c) += std::abs(dz[jj]) * qc;
+          }
+          for (index_t c = 0; c < s.d_v; ++c) {
+            const double oc = std::abs(D(d.out(bb, h, t, c)));
+            Sv(bb, hk, key, c) += P[jj] * oc;
+            Av(bb, hk, key, c) += p[jj] * oc;
+          }
+          if (!opt.bias.empty()) {
+            const Tensor<double>& bi = opt.bias;
+            const index_t off = bi.rank() == 2 ? bi.offset(t, key)
+                                               : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key);
+            Sb[off] += Z[jj];
+            Ab[off] += std::abs(dz[jj]);
+            cnt_b[off] += 1;
+          }
+        }
+      }
+    }
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t hk = 0; hk < s.H_kv; ++hk)
+      for (index_t j = 0; j < s.Tk; ++j) {
+        const double n = cnt_kv(bb, hk, j);
+        for (index_t c = 0; c < s.d_h; ++c)
+          b.k(bb, hk, j, c) = kSecondOrder * scale * (Sk(bb, hk, j, c) + (n + 3.0) * u * Ak(bb, hk, j, c)) + pr.p_floor;
+        for (index_t c = 0; c < s.d_v; ++c)
+          b.v(bb, hk, j, c) = kSecondOrder * (Sv(bb, hk, j, c) + n * u * Av(bb, hk, j, c)) + pr.p_floor;
+      }
+  for (index_t h = 0; h < b.null_logits.size(); ++h) {
+    const std::size_t hh = static_cast<std::size_t>(h);
+    b.null_logits[h] = kSecondOrder * (Sn[hh] + cnt_n[hh] * u * An[hh]) + pr.p_floor;
+  }
+  for (index_t i = 0; i < b.bias.size(); ++i) b.bias[i] = kSecondOrder * (Sb[i] + cnt_b[i] * u * Ab[i]) + pr.p_floor;
+  return b;
+}
+
+/// Bounds of attn_res_route_backward's results.
+struct DepthBackwardBounds {
+  Tensor<double> sources, g_old, psi;  ///< shapes as DepthGrads
+  double beta = 0, theta = 0;
+};
+
+/// Bound on |attn_res_route_backward<T>(...) - exact| per element; `ref` is the high-precision
+/// forward (attn_res_route) on the same inputs. `g_old_err` as in depth_route_bounds.
+template <class T, class R>
+DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
+                                                const std::vector<SourceKind>& kinds, const DepthOptions& opt,
+                                                const DepthCotangents<T>& d, const DepthRoute<R>& ref,
+                                                const Tensor<double>* g_old_err = nullptr) {
+  const RouteShape rs = check_route_shapes(sources, g_old, psi, kinds);
+  check_depth_cotangents(rs, d);
+  const index_t n = rs.n, N = rs.N, dim = rs.d;
+  const DepthRouteBounds fw = depth_route_bounds(sources, g_old, psi, kinds, opt, ref, g_old_err);
+  const Precision pr = Precision::of<T>();
+  const double u = pr.u;
+  const CouplingOptions& co = opt.coupling_options;
+  const BetaBound bb = beta_bound(opt, u);
+  const R beta_exact = opt.coupling ? depth_beta<R>(opt) : R(0);
+  const double L = co.score_clamp;
+  auto D = [](const auto& x) { return static_cast<double>(x); };
+  auto ev = [&](index_t i) { return has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless); };
+  index_t count = 0;
+  for (index_t i = 0; i < n; ++i) count += ev(i) ? 1 : 0;
+  const bool paper = co.centring == Centring::paper_v2;
+  const bool centred = paper ? count >= 2 : true;
+  const double c_set = paper ? static_cast<double>(count) : static_cast<double>(n);
+
+  DepthBackwardBounds b{Tensor<double>({n, N, dim}), Tensor<double>({n, N}), Tensor<double>({n, N})};
+  double S_beta = 0, A_beta = 0, dbeta = 0;
+  std::vector<double> da(static_cast<std::size_t>(n)), E(da.size()), X(da.size()), dx(da.size()), dD(da.size()),
+      DD(da.size());
+  for (index_t t = 0; t < N; ++t) {
+    const double an = D(ref.alpha_null[t]), An = fw.alpha_null[t];
+    const double dan = d.alpha_null.empty() ? 0.0 : D(d.alpha_null[t]);
+    double Dt = an * dan, absD = an * std::abs(dan), ED = An * std::abs(dan);
+    for (index_t i = 0; i < n; ++i) {
+      const std::size_t ii = static_cast<std::size_t>(i);
+      double x = 0, ax = 0;
+      for (index_t c = 0; c < dim; ++c) {
+        const double y = D(d.h(t, c)) * D(sources(i, t, c));
+        x += y;
+        ax += std::abs(y);
+      }
+      const double extra = d.alpha.empty() ? 0.0 : D(d.alpha(i, t));
+      da[ii] = x + extra;
+      E[ii] = static_cast<double>(dim) * u * ax + (d.alpha.empty() ? 0.0 : u * std::abs(da[ii]));
+      const double a = D(ref.alpha(i, t));
+      Dt += a * da[ii];
+      absD += a * std::abs(da[ii]);
+      ED += fw.alpha(i, t) * std::abs(da[ii]) + a * E[ii];
+    }
+    ED += static_cast<double>(n + 1) * u * absD;
+    for (index_t i = 0; i < n; ++i) {
+      const std::size_t ii = static_cast<std::size_t>(i);
+      const double a = D(ref.alpha(i, t)), A = fw.alpha(i, t);
+      const double w = da[ii] - Dt;
+      const double dg = a * w;
+      const double G = A * std::abs(w) + a * (E[ii] + ED + 3.0 * u * std::abs(w));
+      for (index_t c = 0; c < dim; ++c) {
+        const double hc = std::abs(D(d.h(t, c)));
+        b.sources(i, t, c) = kSecondOrder * (A * hc + u * a * hc) + pr.p_floor;
+      }
+      if (!opt.coupling) {
+        dx[ii] = dg;
+        X[ii] = G;
+        b.g_old(i, t) = kSecondOrder * G + pr.p_floor;
+        continue;
+      }
+      // the clamp of the coupled logit x = g_old - beta Dpsi, decided in T on a rounded x
+      const double xi = D(R(g_old(i, t)) - beta_exact * ref.dpsi(i, t));
+      const bool pass = clamp_passes(xi, -L, L);
+      const bool ambiguous = std::isfinite(L) && std::abs(std::abs(xi) - L) <= fw.g(i, t);
+      dx[ii] = pass ? dg : 0.0;
+      X[ii] = ambiguous ? G + std::abs(dg) : (pass ? G : 0.0);
+      b.g_old(i, t) = kSecondOrder * X[ii] + pr.p_floor;
+      const double dpsi_c = D(ref.dpsi(i, t));  // Dpsi
+      S_beta += X[ii] * std::abs(dpsi_c) + std::abs(dx[ii]) * fw.dpsi(i, t);
+      A_beta += std::abs(dx[ii] * dpsi_c);
+      dbeta -= dx[ii] * dpsi_c;
+      dD[ii] = -bb.beta * dx[ii];                                                    // dL/dDpsi
+      DD[ii] = bb.err * std::abs(dx[ii]) + bb.beta * X[ii] + u * std::abs(dD[ii]);  // its bound
+    }
+    if (!opt.coupling || !centred) continue;  // psi gets exactly 0
+    double mean = 0, mean_abs = 0, mean_err = 0;
+    for (index_t i = 0; i < n; ++i)
+      if (!paper || ev(i)) {
+        mean += dD[static_cast<std::size_t>(i)];
+        mean_abs += std::abs(dD[static_cast<std::size_t>(i)]);
+        mean_err += DD[static_cast<std::size_t>(i)];
+      }
+    mean /= c_set;
+    mean_abs /= c_set;
+    mean_err = mean_err / c_set + c_set * u * mean_abs;  // c - 1 additions and one division
+    for (index_t i = 0; i < n; ++i)
+      if (ev(i)) {
+        const double g = dD[static_cast<std::size_t>(i)] - mean;
+        b.psi(i, t) = kSecondOrder * (DD[static_cast<std::size_t>(i)] + mean_err + u * std::abs(g)) + pr.p_floor;
+      }
+  }
+  if (opt.coupling) {
+    // dbeta: n N products and additions; the cap decided on beta_raw in T
+    const double Sdb = S_beta + static_cast<double>(n * N) * u * A_beta;
+    const bool pass = clamp_passes(bb.raw, -std::numeric_limits<double>::infinity(), co.beta_max);
+    const bool ambiguous = std::isfinite(co.beta_max) && std::abs(bb.raw - co.beta_max) <= bb.raw_err;
+    const double draw = pass ? dbeta : 0.0;
+    const double Braw = ambiguous ? Sdb + std::abs(dbeta) : (pass ? Sdb : 0.0);
+    b.beta = kSecondOrder * Braw + pr.p_floor;
+    if (!opt.beta) {  // dtheta = dbeta_raw sigmoid(theta): sigmoid in T (exp, add, divide: 4u; theta rounded)
+      const double sig = 1.0 / (1.0 + std::exp(-opt.theta));
+      b.theta = kSecondOrder * (Braw * sig + std::abs(draw) * sig * (4.0 * u + u * std::abs(opt.theta) * (1.0 - sig)) +
+                                u * std::abs(draw * sig)) +
+                pr.p_floor;
+    }
+  }
+  return b;
+}
+
+/// Bounds of pseudo_query_logits_backward's results (gain empty without a gain).
+struct PseudoQueryBackwardBounds {
+  Tensor<double> sources, w, gain;
+};
+
+/// Bound on |pseudo_query_logits_backward<T>(sources, w, gain, dg, opt) - exact| per element.
+/// `dg_err` (optional, [n, N]) bounds an error already present in dg (a gradient computed in T).
+template <class T>
+PseudoQueryBackwardBounds pseudo_query_logits_backward_bounds(const Tensor<T>& sources, const Tensor<T>& w,
+                                                              const Tensor<T>& gain, const Tensor<T>& dg,
+                                                              const KeyNormOptions& opt = {},
+                                                              const Tensor<double>* dg_err = nullptr) {
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  const Precision pr = Precision::of<T>();
+  const double u = pr.u;
+  const bool f32 = opt.compute_in_float32 && !std::is_same_v<T, float>;
+  const double un = f32 ? Precision::of<float>().u : u;   // the norm's arithmetic
+  const double in_round = f32 ? 3.0 * un : 0.0;            // inputs (x, gain, dy) rounded to float32
+  const double rho = (static_cast<double>(d) / 2.0 + 3.0) * un + in_round;  // relative error of inv
+  const double dd = static_cast<double>(d);
+  auto D = [](const auto& x) { return static_cast<double>(x); };
+  PseudoQueryBackwardBounds b{Tensor<double>({n, N, d}), Tensor<double>({d}), gain.empty() ? Tensor<double>() : Tensor<double>({d})};
+  std::vector<double> Sw(static_cast<std::size_t>(d)), Aw(Sw.size()), Sg(Sw.size()), Ag(Sw.size());
+  std::vector<double> xh(Sw.size()), dxh(Sw.size()), Dxh(Sw.size());
+  for (index_t i = 0; i < n; ++i)
+    for (index_t t = 0; t < N; ++t) {
+      double ss = 0;
+      for (index_t c = 0; c < d; ++c) ss += D(sources(i, t, c)) * D(sources(i, t, c));
+      const double inv = 1.0 / std::sqrt(ss / dd + opt.eps);
+      const double g = D(dg(i, t)), eg = dg_err ? (*dg_err)(i, t) : 0.0;
+      double m = 0, am = 0, Em = 0;
+      for (index_t c = 0; c < d; ++c) {
+        const std::size_t cc = static_cast<std::size_t>(c);
+        const double ga = gain.empty() ? 1.0 : D(gain[c]), wc = D(w[c]);
+        xh[cc] = D(sources(i, t, c)) * inv;
+        const double Exh = (rho + un) * std::abs(xh[cc]);
+        const double y = xh[cc] * ga, Ey = (rho + 2.0 * un) * std::abs(y);
+        // dw_c += dg y_c
+        Sw[cc] += eg * std::abs(y) + std::abs(g) * Ey;
+        Aw[cc] += std::abs(g * y);
+        // dgain_c += (dg w_c) xhat_c
+        Sg[cc] += eg * std::abs(wc * xh[cc]) + std::abs(g * wc) * (Exh + 2.0 * un * std::abs(xh[cc]) + in_round * std::abs(xh[cc]));
+        Ag[cc] += std::abs(g * wc * xh[cc]);
+        // dxhat_c = (dg w_c) gain_c
+        dxh[cc] = g * wc * ga;
+        Dxh[cc] = eg * std::abs(wc * ga) + (2.0 * un + in_round) * std::abs(dxh[cc]);
+        m += dxh[cc] * xh[cc];
+        am += std::abs(dxh[cc] * xh[cc]);
+        Em += Dxh[cc] * std::abs(xh[cc]) + std::abs(dxh[cc]) * Exh;
+      }
+      m /= dd;
+      Em = (Em + (dd + 1.0) * un * am) / dd;
+      for (index_t c = 0; c < d; ++c) {
+        const std::size_t cc = static_cast<std::size_t>(c);
+        const double Exh = (rho + un) * std::abs(xh[cc]);
+        const double r = dxh[cc] - xh[cc] * m;
+        const double Er = Dxh[cc] + Exh * std::abs(m) + std::abs(xh[cc]) * Em + un * std::abs(xh[cc] * m) + un * std::abs(r);
+        b.sources(i, t, c) = kSecondOrder * (inv * Er + (rho + 2.0 * un) * inv * std::abs(r)) + pr.p_floor;
+      }
+    }
+  const double cnt = static_cast<double>(n * N);
+  for (index_t c = 0; c < d; ++c) {
+    const std::size_t cc = static_cast<std::size_t>(c);
+    b.w[c] = kSecondOrder * (Sw[cc] + cnt * u * Aw[cc]) + pr.p_floor;
+    if (!gain.empty()) b.gain[c] = kSecondOrder * (Sg[cc] + cnt * u * Ag[cc]) + pr.p_floor;
+  }
+  return b;
+}
+
+/// Bound on |null_statistic_backward<T>(dpsi, H) - exact| per element ([B, H, T]): one division
+/// by H (u |dp_null|) plus `dpsi_err` / H when dpsi carries an error (optional, [B, T]).
+template <class T>
+Tensor<double> null_statistic_backward_bounds(const Tensor<T>& dpsi, index_t H, const Tensor<double>* dpsi_err = nullptr) {
+  const index_t B = dpsi.dim(0), Tn = dpsi.dim(1);
+  const double u = Precision::of<T>().u, fl = Precision::of<T>().p_floor;
+  Tensor<double> b({B, H, Tn});
+  for (index_t bb = 0; bb < B; ++bb)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < Tn; ++t) {
+        const double x = std::abs(static_cast<double>(dpsi(bb, t))) / static_cast<double>(H);
+        b(bb, h, t) = kSecondOrder * (u * x + (dpsi_err ? (*dpsi_err)(bb, t) / static_cast<double>(H) : 0.0)) + fl;
+      }
+  return b;
+}
+
+}  // namespace oasis::bounds

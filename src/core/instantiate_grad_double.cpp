@@ -1,0 +1,5 @@
+// Explicit instantiation of the backward oracle for double (see include/oasis/grad/instances.hpp).
+#define OASIS_INSTANTIATING
+#include "oasis/grad/instances.hpp"
+
+OASIS_GRAD_INSTANCES(, double)

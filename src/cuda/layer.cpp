@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 
 #include <cmath>
+#include <utility>
 
 #include "device_util.hpp"
 #include "oasis/cuda.hpp"
@@ -112,34 +113,34 @@ RouterPlan check_router(const Tensor<float>& sources, const Tensor<float>& psi, 
   return p;
 }
 
-/// The router on the device: g_old, then the routing into `out` (h_l stays on the device for the
-/// sublayer); returns the routing tensors and g_old on the host.
-SublayerResult route_sources(const RouterPlan& p, const DeviceBuffer<float>& ds, const Tensor<float>& psi,
-                             const KimiRouter& router, const model::ModelConfig& cfg, detail::DeviceRoute& out) {
-  SublayerResult res;
-  DeviceBuffer<float> dpsi = to_device(psi), dw = to_device(*router.query), dkg = to_device(p.key_gain);
+/// The sublayer's input on the device: the router (g_old, then the routing) and the pre-norm
+/// x = RMSNorm(h_l) * norm, with the routing tensors and g_old downloaded into `result`.
+struct RoutedInput {
+  detail::DeviceRoute route;  ///< h_l [N, d] and the routing on the device
+  DeviceBuffer<float> x;      ///< [N, d]
+  SublayerResult result;
+};
+
+RoutedInput route_and_norm(const RouterPlan& p, const Tensor<float>& sources, const Tensor<float>& psi,
+                           const KimiRouter& router, const Tensor<float>& norm, const model::ModelConfig& cfg) {
+  RoutedInput in{detail::DeviceRoute(p.n, p.N, p.d), DeviceBuffer<float>(static_cast<std::size_t>(p.N * p.d)), {}};
+  DeviceBuffer<float> ds = to_device(sources), dpsi = to_device(psi), dw = to_device(*router.query);
+  DeviceBuffer<float> dkg = to_device(p.key_gain), dnorm = to_device(norm);
   DeviceBuffer<float> dg_old(static_cast<std::size_t>(p.n * p.N));
   check(detail::launch_pseudo_query_logits(ds.get(), static_cast<int>(p.n), static_cast<int>(p.N),
                                            static_cast<int>(p.d), dw.get(), gain_or_null(dkg, p.key_gain),
                                            static_cast<float>(cfg.key_norm.eps), dg_old.get(), nullptr),
         "pseudo-query logits launch");
-  detail::launch_attn_res_route(ds.get(), dg_old.get(), dpsi.get(), p.n, p.N, p.d, p.setup, p.depth, out.h.get(),
-                                out.alpha.get(), out.alpha_null.get(), out.g.get(), out.dpsi.get(), nullptr);
-  res.route = out.download();  // synchronous: the inputs above may be freed
-  res.g_old = Tensor<float>({p.n, p.N});
-  dg_old.download(res.g_old.data());
-  return res;
-}
-
-/// x = RMSNorm(h_l) * norm on the device, [N, d].
-DeviceBuffer<float> pre_norm(const RouterPlan& p, const detail::DeviceRoute& route, const Tensor<float>& norm,
-                             double eps) {
-  DeviceBuffer<float> dnorm = to_device(norm), x(static_cast<std::size_t>(p.N * p.d));
-  check(detail::launch_rms_norm(route.h.get(), static_cast<int>(p.N), static_cast<int>(p.d), gain_or_null(dnorm, norm),
-                                static_cast<float>(eps), x.get(), nullptr),
+  detail::DeviceRoute& r = in.route;
+  detail::launch_attn_res_route(ds.get(), dg_old.get(), dpsi.get(), p.n, p.N, p.d, p.setup, p.depth, r.h.get(),
+                                r.alpha.get(), r.alpha_null.get(), r.g.get(), r.dpsi.get(), nullptr);
+  check(detail::launch_rms_norm(r.h.get(), static_cast<int>(p.N), static_cast<int>(p.d), gain_or_null(dnorm, norm),
+                                static_cast<float>(cfg.norm_eps), in.x.get(), nullptr),
         "pre-norm launch");
-  check(cudaDeviceSynchronize(), "pre-norm kernel");  // dnorm is freed at return
-  return x;
+  in.result.route = r.download();  // synchronous: the inputs above may be freed at return
+  in.result.g_old = Tensor<float>({p.n, p.N});
+  dg_old.download(in.result.g_old.data());
+  return in;
 }
 
 }  // namespace
@@ -172,10 +173,9 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   detail::require_device();
 
   // --- depth routing and pre-norm ---
-  const DeviceBuffer<float> ds = to_device(sources);
-  detail::DeviceRoute r(p.n, N, d);
-  SublayerResult res = route_sources(p, ds, psi, router, cfg, r);
-  const DeviceBuffer<float> x = pre_norm(p, r, *w.norm, cfg.norm_eps);
+  RoutedInput in = route_and_norm(p, sources, psi, router, *w.norm, cfg);
+  const DeviceBuffer<float>& x = in.x;
+  SublayerResult& res = in.result;
 
   // --- projections, q/k norm, RoPE ---
   Cublas cb;
@@ -238,7 +238,7 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   psi_l.download(res.psi.data());
   out.download(res.out.data());
   check(cudaDeviceSynchronize(), "sublayer kernels");
-  return res;
+  return std::move(res);
 }
 
 SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<float>& psi,
@@ -258,10 +258,9 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   detail::require_device();
 
   // --- depth routing and pre-norm ---
-  const DeviceBuffer<float> ds = to_device(sources);
-  detail::DeviceRoute r(p.n, N, d);
-  SublayerResult res = route_sources(p, ds, psi, router, cfg, r);
-  const DeviceBuffer<float> x = pre_norm(p, r, *w.norm, cfg.norm_eps);
+  RoutedInput in = route_and_norm(p, sources, psi, router, *w.norm, cfg);
+  const DeviceBuffer<float>& x = in.x;
+  SublayerResult& res = in.result;
 
   // --- SwiGLU ---
   Cublas cb;
@@ -275,7 +274,7 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   res.out = Tensor<float>({N, d});
   out.download(res.out.data());
   check(cudaDeviceSynchronize(), "sublayer kernels");
-  return res;
+  return std::move(res);
 }
 
 }  // namespace oasis::cuda

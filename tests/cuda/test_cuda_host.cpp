@@ -26,16 +26,6 @@ namespace {
 
 using io::DType;
 
-template <class F>
-std::string thrown_argument(F&& f) {
-  try {
-    f();
-  } catch (const invalid_argument& e) {
-    return e.argument();
-  }
-  return "<nothing thrown>";
-}
-
 // --- availability --------------------------------------------------------------------------------
 
 TEST(CudaAvailability, ReasonIsConsistentAcrossTheApi) {

@@ -203,17 +203,10 @@ TEST(Tensor16, TensorsRoundWithinUnitRoundoffAndWidenExactly) {
 }
 
 TEST(Tensor16, OtherDtypesAndShortStorageAreRejectedByName) {
-  auto argument_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const oasis::invalid_argument& e) {
-      return e.argument();
-    }
-    return "<nothing thrown>";
-  };
-  EXPECT_EQ(argument_of([] { io::round_to_bits(1.0f, DType::f32); }), "dtype");
-  EXPECT_EQ(argument_of([] { io::widen_bits(0, DType::f64); }), "dtype");
-  EXPECT_EQ(argument_of([] { io::round_to(Tensor<float>({2}), DType::f32); }), "dtype");
+  using oasis::test::thrown_argument;
+  EXPECT_EQ(thrown_argument([] { io::round_to_bits(1.0f, DType::f32); }), "dtype");
+  EXPECT_EQ(thrown_argument([] { io::widen_bits(0, DType::f64); }), "dtype");
+  EXPECT_EQ(thrown_argument([] { io::round_to(Tensor<float>({2}), DType::f32); }), "dtype");
   io::Tensor16 t{DType::bf16, {2, 3}, std::vector<std::uint16_t>(5)};
-  EXPECT_EQ(argument_of([&] { io::widen(t); }), "bits");
+  EXPECT_EQ(thrown_argument([&] { io::widen(t); }), "bits");
 }

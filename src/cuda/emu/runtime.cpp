@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "oasis/io/dtype.hpp"  // before the emulator's device macros (cuda_runtime.h)
+#include "oasis/io/dtype.hpp"
 
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"

@@ -1,6 +1,6 @@
 // src/cuda/emu/runtime.cpp — the CUDA runtime API of the emulator apart from memory: the device
-// it reports, the error state (last error, faults) and its strings, and the host side of the
-// 16-bit conversions of cuda_fp16.h / cuda_bf16.h.
+// it reports, the error state (last error, faults) and its strings, and the 16-bit widening of
+// cuda_fp16.h / cuda_bf16.h.
 //
 // Errors: a failed API call sets the last error (cudaGetLastError returns and clears it). A
 // device fault (recorded by the execution model, a cudaFree that finds its guard bytes
@@ -59,12 +59,10 @@ cudaError_t take_pending() {
 long long fault_count() { return err().faults; }
 std::string last_fault() { return err().fault_message; }
 
-// 16-bit conversions: exact widening, one rounding to nearest even (oasis/io/dtype.hpp, whose
-// conversions tests/verify/test_tensor16.cpp checks against independent definitions).
+// The kernels' 16-bit loads: exact widening (oasis/io/dtype.hpp, whose conversions
+// tests/verify/test_tensor16.cpp checks against independent definitions).
 float half_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::half_bits_to_double(bits)); }
-std::uint16_t float_to_half_bits(float x) { return oasis::io::double_to_half_bits(x); }
 float bf16_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::bf16_bits_to_double(bits)); }
-std::uint16_t float_to_bf16_bits(float x) { return oasis::io::double_to_bf16_bits(x); }
 
 }  // namespace oasis_emu
 

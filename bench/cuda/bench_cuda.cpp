@@ -22,7 +22,11 @@
 namespace {
 
 using oasis::index_t;
+using oasis::io::DType;
 namespace cu = oasis::cuda;
+
+/// The dtype argument of BM_FusedAttention: 0 f32, 1 f16, 2 bf16.
+constexpr DType kDtypeArg[] = {DType::f32, DType::f16, DType::bf16};
 
 bool skip_without_device(benchmark::State& state) {
   std::string why;
@@ -35,18 +39,18 @@ bool skip_without_device(benchmark::State& state) {
 /// repeated (the values only set the data pattern; generating billions of samples would dominate).
 struct Buffer {
   void* p = nullptr;
-  Buffer(std::size_t n, cu::DType t, double sd, std::uint64_t seed) {
+  Buffer(std::size_t n, DType t, double sd, std::uint64_t seed) {
     const std::size_t block = std::min<std::size_t>(n, std::size_t(1) << 20);
-    const std::size_t elem = t == cu::DType::f32 ? sizeof(float) : sizeof(std::uint16_t);
+    const std::size_t elem = t == DType::f32 ? sizeof(float) : sizeof(std::uint16_t);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.0f, static_cast<float>(sd));
-    std::vector<float> hf(t == cu::DType::f32 ? block : 0);
-    std::vector<std::uint16_t> hh(t == cu::DType::f32 ? 0 : block);
+    std::vector<float> hf(t == DType::f32 ? block : 0);
+    std::vector<std::uint16_t> hh(t == DType::f32 ? 0 : block);
     for (std::size_t i = 0; i < block; ++i) {
-      if (t == cu::DType::f32) hf[i] = nd(rng);
-      else hh[i] = cu::round_to_bits(nd(rng), t);
+      if (t == DType::f32) hf[i] = nd(rng);
+      else hh[i] = oasis::io::round_to_bits(nd(rng), t);
     }
-    const void* src = t == cu::DType::f32 ? static_cast<const void*>(hf.data()) : static_cast<const void*>(hh.data());
+    const void* src = t == DType::f32 ? static_cast<const void*>(hf.data()) : static_cast<const void*>(hh.data());
     cudaMalloc(&p, n * elem);
     for (std::size_t off = 0; off < n; off += block)
       cudaMemcpy(static_cast<char*>(p) + off * elem, src, std::min(block, n - off) * elem, cudaMemcpyHostToDevice);
@@ -72,7 +76,7 @@ struct Events {
   }
 };
 
-void run_attention(benchmark::State& state, cu::DType dtype, index_t B, index_t H, index_t Hkv, index_t Tq, index_t Tk,
+void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, index_t Hkv, index_t Tq, index_t Tk,
                    index_t dh, bool causal) {
   if (skip_without_device(state)) return;
   Buffer q(static_cast<std::size_t>(B * H * Tq * dh), dtype, 1.0, 1), k(static_cast<std::size_t>(B * Hkv * Tk * dh), dtype, 1.0, 2),
@@ -98,9 +102,9 @@ void run_attention(benchmark::State& state, cu::DType dtype, index_t B, index_t 
 }
 
 void BM_FusedAttention(benchmark::State& state) {
-  const auto dtype = static_cast<cu::DType>(state.range(0));
+  const DType dtype = kDtypeArg[state.range(0)];
   run_attention(state, dtype, 4, 32, 8, state.range(2), state.range(2), state.range(1), state.range(3) != 0);
-  state.SetLabel(std::string(cu::to_string(dtype)));
+  state.SetLabel(std::string(oasis::io::to_string(dtype)));
 }
 BENCHMARK(BM_FusedAttention)
     ->ArgNames({"dtype", "d_h", "T", "causal"})
@@ -112,7 +116,7 @@ BENCHMARK(BM_FusedAttention)
     ->Unit(benchmark::kMillisecond);
 
 void BM_DecodeAttention(benchmark::State& state) {
-  run_attention(state, cu::DType::f16, 16, 32, 8, 1, state.range(1), state.range(0), true);
+  run_attention(state, DType::f16, 16, 32, 8, 1, state.range(1), state.range(0), true);
 }
 BENCHMARK(BM_DecodeAttention)->ArgNames({"d_h", "Tk"})->ArgsProduct({{64, 128}, {8192}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -122,7 +126,7 @@ void BM_DepthRoute(benchmark::State& state) {
   std::vector<oasis::SourceKind> kinds(static_cast<std::size_t>(n), oasis::SourceKind::attention);
   kinds[0] = oasis::SourceKind::initial;
   for (index_t i = 2; i < n; i += 2) kinds[static_cast<std::size_t>(i)] = oasis::SourceKind::headless;
-  Buffer s(static_cast<std::size_t>(n * N * d), cu::DType::f32, 1.0, 4), g_old(static_cast<std::size_t>(n * N), cu::DType::f32, 1.0, 5);
+  Buffer s(static_cast<std::size_t>(n * N * d), DType::f32, 1.0, 4), g_old(static_cast<std::size_t>(n * N), DType::f32, 1.0, 5);
   Buffer psi(static_cast<std::size_t>(n * N) * sizeof(float));  // zeros: valid probabilities
   Buffer h(static_cast<std::size_t>(N * d) * sizeof(float)), alpha(static_cast<std::size_t>(n * N) * sizeof(float)),
       an(static_cast<std::size_t>(N) * sizeof(float)), g(static_cast<std::size_t>(n * N) * sizeof(float)),
@@ -144,7 +148,7 @@ BENCHMARK(BM_DepthRoute)->ArgNames({"n", "N"})->ArgsProduct({{9, 33}, {8192}})->
 void BM_PseudoQueryLogits(benchmark::State& state) {
   if (skip_without_device(state)) return;
   const index_t n = state.range(0), N = state.range(1), d = 2048;
-  Buffer s(static_cast<std::size_t>(n * N * d), cu::DType::f32, 1.0, 6), w(static_cast<std::size_t>(d), cu::DType::f32, 0.1, 7);
+  Buffer s(static_cast<std::size_t>(n * N * d), DType::f32, 1.0, 6), w(static_cast<std::size_t>(d), DType::f32, 0.1, 7);
   Buffer g(static_cast<std::size_t>(n * N) * sizeof(float));
   auto run = [&] { cu::pseudo_query_logits_device(s.f(), n, N, d, w.f(), nullptr, oasis::KeyNormOptions{}, g.f()); };
   run();

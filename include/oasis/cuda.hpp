@@ -8,8 +8,11 @@
 //   * a device-pointer entry point (no host copies) for benchmarks and integration;
 //   * the psi reduction and the Kimi pseudo-query logits on the device;
 //   * one full AttnRes sublayer forward (depth routing, pre-norm, projections with cuBLAS, RoPE,
-//     fused attention, psi, output projection; or the SwiGLU MLP), the semantics of
-//     oasis/model/layers.hpp for a sublayer without KV cache.
+//     fused attention, psi, output projection; or the SwiGLU MLP) that takes the model's own types
+//     (oasis::model::ModelConfig, AttentionWeights, MlpWeights) and computes what
+//     oasis::model::kimi_route followed by attention_sublayer / mlp_sublayer compute for a
+//     sublayer without KV cache.
+// 16-bit inputs are oasis::io::Tensor16 (oasis/io/tensor16.hpp, with the host conversions).
 // Every function validates its arguments first (oasis::invalid_argument naming the argument) and
 // then requires a device (oasis::invalid_argument naming "backend" with the reason otherwise), so
 // the validation runs, and is tested, on machines without a GPU.
@@ -20,47 +23,28 @@
 // p_null 1, LSE1 = s; plain softmax gives the documented zero (out 0, p_null 0, LSE -inf).
 #pragma once
 
-#include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "oasis/attention.hpp"
 #include "oasis/coupling.hpp"
 #include "oasis/depth.hpp"
+#include "oasis/io/tensor16.hpp"
+#include "oasis/model/config.hpp"
+#include "oasis/model/layers.hpp"
 #include "oasis/tensor.hpp"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*; null = the default stream
 
 namespace oasis::cuda {
 
-/// Element type of attention inputs.
-enum class DType { f32, f16, bf16 };
-std::string_view to_string(DType t);
-DType parse_dtype(std::string_view name);  // "f32" | "f16" | "bf16"
-
 /// True if a CUDA device with a kernel image of this build is usable; `why` gets the reason if not.
 bool available(std::string* why = nullptr);
 
-/// A tensor of float16 (IEEE binary16) or bfloat16 values stored as their 16-bit patterns.
-struct Tensor16 {
-  DType dtype = DType::f16;
-  Shape shape;
-  std::vector<std::uint16_t> bits;
-  index_t size() const { return static_cast<index_t>(bits.size()); }
-};
-
-/// Round float32 values to float16 / bfloat16 (round to nearest, ties to even; overflow to inf).
-Tensor16 round_to(const Tensor<float>& x, DType dtype);
-/// Exact widening to float32.
-Tensor<float> widen(const Tensor16& x);
-std::uint16_t round_to_bits(float x, DType dtype);
-float widen_bits(std::uint16_t bits, DType dtype);
-
 /// Token attention (SPEC §2) on float16 / bfloat16 inputs with float32 accumulation; same layouts,
 /// options and results as oasis::token_attention. q, k, v must share one 16-bit dtype.
-AttentionResult<float> token_attention(const Tensor16& q, const Tensor16& k, const Tensor16& v,
+AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16& k, const io::Tensor16& v,
                                        const AttentionOptions& opt = {});
 
 /// psi = mean over heads of p_null: p_null [B, H, T] -> [B, T] (oasis::null_statistic on the device).
@@ -73,7 +57,7 @@ Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<flo
 /// Device buffers of one attention call (row-major, contiguous, layouts of oasis/attention.hpp).
 /// The contents of null_logits / key_lengths are trusted (they are on the device).
 struct DeviceAttention {
-  DType dtype = DType::f32;
+  io::DType dtype = io::DType::f32;  ///< f32, f16 or bf16
   const void* q = nullptr;  ///< [B, H, Tq, d_h] of dtype
   const void* k = nullptr;  ///< [B, H_kv, Tk, d_h]
   const void* v = nullptr;  ///< [B, H_kv, Tk, d_v]
@@ -106,60 +90,41 @@ void attn_res_route_device(const float* sources, const float* g_old, const float
 void pseudo_query_logits_device(const float* sources, index_t n, index_t N, index_t d, const float* w,
                                 const float* gain, const KeyNormOptions& opt, float* g, CUstream_st* stream = nullptr);
 
-// --- one AttnRes sublayer --------------------------------------------------------------------------
+// --- one AttnRes sublayer ------------------------------------------------------------------------
 
-enum class SublayerKind { attention, mlp };
-/// RoPE layout (oasis::model::RopeLayout's two layouts, and none).
-enum class Rope { none, rotate_half, interleaved };
-
-/// Weights of one sublayer l (PyTorch nn.Linear layout W [out, in], no bias).
-struct SublayerWeights {
-  Tensor<float> pseudo_query;  ///< w_l [d], the depth router's pseudo-query
-  Tensor<float> key_gain;      ///< [d] gain of the router's key RMSNorm, or empty (none)
-  Tensor<float> norm;          ///< [d] gain of the sublayer's pre-norm, or empty (1)
-  // attention sublayer
-  Tensor<float> wq;            ///< [H d_h, d]
-  Tensor<float> wk;            ///< [H_kv d_h, d]
-  Tensor<float> wv;            ///< [H_kv d_h, d]
-  Tensor<float> wo;            ///< [d, H d_h]
-  Tensor<float> q_norm;        ///< [d_h] per-head q RMSNorm gain (Qwen3 qk-norm) or empty (off)
-  Tensor<float> k_norm;        ///< [d_h] per-head k RMSNorm gain, given together with q_norm
-  // MLP sublayer (SwiGLU)
-  Tensor<float> gate;          ///< [d_ff, d]
-  Tensor<float> up;            ///< [d_ff, d]
-  Tensor<float> down;          ///< [d, d_ff]
-};
-
-struct SublayerOptions {
-  SublayerKind kind = SublayerKind::attention;
-  index_t batch = 1;                 ///< B; the N = B * T rows are in (batch, position) order
-  index_t n_heads = 1;               ///< H
-  index_t n_kv_heads = 0;            ///< H_kv, 0: H
-  index_t d_head = 0;                ///< d_h, 0: d / H
-  KeyNormOptions key_norm{};         ///< router key RMSNorm (eps; float32 evaluation is moot here)
-  double norm_eps = 1e-6;            ///< eps of the pre-norm and of the q/k norms
-  DepthOptions depth{};              ///< depth normaliser, coupling, centring, theta / beta
-  RowNorm token_normalizer = RowNorm::softmax1;
-  bool causal = true;
-  Rope rope = Rope::rotate_half;
-  double rope_theta = 10000.0;
+/// The parameters of a sublayer's depth router: the arguments of oasis::model::kimi_route.
+struct KimiRouter {
+  const Tensor<float>* query = nullptr;     ///< pseudo-query w_l [d] ("<router>.query")
+  const Tensor<float>* key_gain = nullptr;  ///< key-norm gain [d]; null or empty: none (ModelConfig::key_norm_gain)
+  double theta = -5.0;  ///< coupling parameter, beta = softplus(theta) (ModelConfig::beta overrides it)
 };
 
 struct SublayerResult {
   DepthRoute<float> route;  ///< the routed input h_l [N, d] with alpha, alpha_null, g, dpsi
-  Tensor<float> g_old;      ///< [n, N] pseudo-query logits before coupling
+  Tensor<float> g_old;      ///< [n, N] pseudo-query logits w_l^T RMSNorm(v_i), before any clamp
   Tensor<float> out;        ///< [N, d] raw sublayer output f_l(h_l), the next source v_l
   Tensor<float> p_null;     ///< [B, H, T] (attention only)
   Tensor<float> lse;        ///< [B, H, T] (attention only)
   Tensor<float> psi;        ///< [B, T] null statistic of the branch (attention only)
 };
 
-/// One Full-AttnRes sublayer: h_l = route(sources; g = w_l^T RMSNorm(v_i), coupling with psi;
-/// without coupling a finite score_clamp still clamps g, as oasis::model's routers do),
-/// then f_l(h_l) = W_o Attn(RoPE(qk-norm(W_{q,k,v} RMSNorm(h_l)))) or W_down(silu(W_gate x) * W_up x).
-/// sources [n, N, d], psi [n, N] (the branches' null statistics), kinds[n].
+/// One sublayer of an AttnRes model with the Kimi router (kimi_full, or kimi_block with block
+/// sums as sources), from positions 0..T-1 and without KV cache:
+///   h_l = route(sources; g = w_l^T RMSNorm(v_i), coupled with psi)   (oasis::model::kimi_route)
+///   f_l(h_l) = W_o Attn(RoPE(qk-norm(W_{q,k,v} RMSNorm(h_l))))        (oasis::model::attention_sublayer)
+/// sources [n, N, d] with N = batch * T rows in (batch, position) order, psi [n, N] (the sources'
+/// null statistics), kinds[n]. The configuration supplies the variant (normalisers, coupling),
+/// the conventions (coupling options, beta, RoPE layout and theta, eps, qk-norm) and the head
+/// sizes. Not implemented (invalid_argument naming the field): the authors_code router, the
+/// original backbone, the mass-deficit psi estimator, gated attention and the prefix sink, token
+/// normalisers other than softmax and softmax1, d_head > 128.
 SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<float>& psi,
-                                 const std::vector<SourceKind>& kinds, const SublayerWeights& w,
-                                 const SublayerOptions& opt);
+                                 const std::vector<SourceKind>& kinds, index_t batch, const KimiRouter& router,
+                                 const model::AttentionWeights<float>& w, const model::ModelConfig& cfg);
+/// The same for an MLP sublayer: f_l(h_l) = W_down(silu(W_gate x) * W_up x), x = RMSNorm(h_l)
+/// (oasis::model::mlp_sublayer).
+SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<float>& psi,
+                                 const std::vector<SourceKind>& kinds, index_t batch, const KimiRouter& router,
+                                 const model::MlpWeights<float>& w, const model::ModelConfig& cfg);
 
 }  // namespace oasis::cuda

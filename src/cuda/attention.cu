@@ -248,9 +248,10 @@ int launch_probs_typed(const AttentionLaunch& a, float* probs, cudaStream_t s) {
 int launch_attention(const AttentionLaunch& a, CUstream_st* stream) {
   if (a.d_h > kMaxHeadDim || a.d_v > kMaxHeadDim) return static_cast<int>(cudaErrorInvalidValue);
   switch (a.in_type) {
-    case InType::f32: return launch_typed<float>(a, stream);
-    case InType::f16: return launch_typed<__half>(a, stream);
-    case InType::bf16: return launch_typed<__nv_bfloat16>(a, stream);
+    case io::DType::f32: return launch_typed<float>(a, stream);
+    case io::DType::f16: return launch_typed<__half>(a, stream);
+    case io::DType::bf16: return launch_typed<__nv_bfloat16>(a, stream);
+    case io::DType::f64: break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -258,9 +259,10 @@ int launch_attention(const AttentionLaunch& a, CUstream_st* stream) {
 int launch_attention_probs(const AttentionLaunch& a, float* probs, CUstream_st* stream) {
   if (a.d_h > kMaxHeadDim || !a.row_max || !a.row_sum) return static_cast<int>(cudaErrorInvalidValue);
   switch (a.in_type) {
-    case InType::f32: return launch_probs_typed<float>(a, probs, stream);
-    case InType::f16: return launch_probs_typed<__half>(a, probs, stream);
-    case InType::bf16: return launch_probs_typed<__nv_bfloat16>(a, probs, stream);
+    case io::DType::f32: return launch_probs_typed<float>(a, probs, stream);
+    case io::DType::f16: return launch_probs_typed<__half>(a, probs, stream);
+    case io::DType::bf16: return launch_probs_typed<__nv_bfloat16>(a, probs, stream);
+    case io::DType::f64: break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

@@ -1,12 +1,10 @@
-// src/cuda/backend_cuda.cpp — host side of the CUDA backend: the entry points of
-// oasis/backend.hpp (detail::cuda_*) and of oasis/cuda.hpp, converting oasis::Tensor<float> to
-// device buffers and launching the kernels of attention.cu and depth.cu.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+// src/cuda/backend_cuda.cpp — host side of the CUDA backend: availability, and the attention,
+// psi and pseudo-query entry points of oasis/backend.hpp (detail::cuda_*) and oasis/cuda.hpp,
+// which copy tensors to device buffers and launch the kernels of attention.cu and depth.cu (the
+// routing entry points are in route.cpp, the sublayer in layer.cpp).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "device_util.hpp"
 #include "oasis/backend.hpp"
@@ -74,64 +72,6 @@ bool available(std::string* why) {
   return a.ok;
 }
 
-// --- 16-bit storage --------------------------------------------------------------------------------
-
-std::string_view to_string(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-  }
-  return "unknown";
-}
-
-DType parse_dtype(std::string_view name) {
-  if (name == "f32") return DType::f32;
-  if (name == "f16") return DType::f16;
-  if (name == "bf16") return DType::bf16;
-  throw invalid_argument("dtype", "unknown element type '" + std::string(name) + "' (expected f32, f16 or bf16)");
-}
-
-std::uint16_t round_to_bits(float x, DType dtype) {
-  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
-  if (dtype == DType::f16) {
-    const __half_raw r = __float2half_rn(x);
-    return r.x;
-  }
-  const __nv_bfloat16_raw r = __float2bfloat16_rn(x);
-  return r.x;
-}
-
-float widen_bits(std::uint16_t bits, DType dtype) {
-  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
-  if (dtype == DType::f16) {
-    __half_raw r;
-    r.x = bits;
-    return __half2float(__half(r));
-  }
-  // bfloat16 is the upper half of a float32: widening is a shift.
-  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-Tensor16 round_to(const Tensor<float>& x, DType dtype) {
-  OASIS_REQUIRE(dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
-  Tensor16 t{dtype, x.shape(), std::vector<std::uint16_t>(static_cast<std::size_t>(x.size()))};
-  for (index_t i = 0; i < x.size(); ++i) t.bits[static_cast<std::size_t>(i)] = round_to_bits(x[i], dtype);
-  return t;
-}
-
-Tensor<float> widen(const Tensor16& x) {
-  OASIS_REQUIRE(x.dtype != DType::f32, "dtype", "f32 has no 16-bit storage (use f16 or bf16)");
-  OASIS_REQUIRE(static_cast<index_t>(x.bits.size()) == shape_numel(x.shape), "bits", "has ", x.bits.size(),
-                " elements but shape ", shape_str(x.shape), " needs ", shape_numel(x.shape));
-  Tensor<float> t(x.shape);
-  for (index_t i = 0; i < t.size(); ++i) t[i] = widen_bits(x.bits[static_cast<std::size_t>(i)], x.dtype);
-  return t;
-}
-
 // --- attention -------------------------------------------------------------------------------------
 
 namespace detail {
@@ -166,7 +106,7 @@ float attention_scale(const AttentionShape& s, const std::optional<double>& scal
   return scale ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
 }
 
-AttentionLaunch contiguous_launch(InType type, const void* q, const void* k, const void* v, const AttentionShape& s) {
+AttentionLaunch contiguous_launch(io::DType type, const void* q, const void* k, const void* v, const AttentionShape& s) {
   AttentionLaunch a;
   a.in_type = type;
   a.q = q;
@@ -187,7 +127,7 @@ AttentionLaunch contiguous_launch(InType type, const void* q, const void* k, con
 }
 
 /// Runs validated attention from host buffers of element size `elem` (already in device layout).
-AttentionResult<float> run_attention(InType type, const void* q, const void* k, const void* v, std::size_t elem,
+AttentionResult<float> run_attention(io::DType type, const void* q, const void* k, const void* v, std::size_t elem,
                                      const AttentionShape& s, const AttentionOptions& opt) {
   const std::size_t nq = static_cast<std::size_t>(s.B * s.H * s.Tq * s.d_h);
   const std::size_t nk = static_cast<std::size_t>(s.B * s.H_kv * s.Tk * s.d_h);
@@ -251,31 +191,22 @@ AttentionResult<float> run_attention(InType type, const void* q, const void* k, 
   return r;
 }
 
-InType in_type(DType t) {
-  switch (t) {
-    case DType::f32: return InType::f32;
-    case DType::f16: return InType::f16;
-    case DType::bf16: return InType::bf16;
-  }
-  return InType::f32;
-}
-
 }  // namespace
 }  // namespace detail
 
-AttentionResult<float> token_attention(const Tensor16& q, const Tensor16& k, const Tensor16& v,
+AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16& k, const io::Tensor16& v,
                                        const AttentionOptions& opt) {
-  OASIS_REQUIRE(q.dtype != DType::f32, "q", "dtype f32 is not a 16-bit type (use oasis::token_attention(Backend::cuda, ...))");
-  OASIS_REQUIRE(k.dtype == q.dtype, "k", "dtype ", to_string(k.dtype), " differs from q's ", to_string(q.dtype));
-  OASIS_REQUIRE(v.dtype == q.dtype, "v", "dtype ", to_string(v.dtype), " differs from q's ", to_string(q.dtype));
+  OASIS_REQUIRE(q.dtype == io::DType::f16 || q.dtype == io::DType::bf16, "q", "dtype ", io::to_string(q.dtype),
+                " is not a 16-bit type (float32 inputs: oasis::token_attention(Backend::cuda, ...))");
+  OASIS_REQUIRE(k.dtype == q.dtype, "k", "dtype ", io::to_string(k.dtype), " differs from q's ", io::to_string(q.dtype));
+  OASIS_REQUIRE(v.dtype == q.dtype, "v", "dtype ", io::to_string(v.dtype), " differs from q's ", io::to_string(q.dtype));
   // Validate on the exact float32 widening: same checks (shapes, finiteness) as the reference.
-  const Tensor<float> qf = widen(q), kf = widen(k), vf = widen(v);
+  const Tensor<float> qf = io::widen(q), kf = io::widen(k), vf = io::widen(v);
   const AttentionShape s = check_attention_args(qf, kf, vf, opt);
   detail::check_cuda_attention_limits(s, opt.normalizer);
   detail::check_masked_rows(s, opt);
   detail::require_device();
-  return detail::run_attention(detail::in_type(q.dtype), q.bits.data(), k.bits.data(), v.bits.data(),
-                               sizeof(std::uint16_t), s, opt);
+  return detail::run_attention(q.dtype, q.bits.data(), k.bits.data(), v.bits.data(), sizeof(std::uint16_t), s, opt);
 }
 
 void token_attention_device(const DeviceAttention& d) {
@@ -291,9 +222,10 @@ void token_attention_device(const DeviceAttention& d) {
   OASIS_REQUIRE(!d.null_logits || d.normalizer == RowNorm::softmax1, "null_logits", "given but the normaliser is ",
                 to_string(d.normalizer), " (no null category)");
   OASIS_REQUIRE(!d.scale || (std::isfinite(*d.scale) && *d.scale > 0), "scale", "must be finite and positive");
+  OASIS_REQUIRE(d.dtype != io::DType::f64, "dtype", "the CUDA kernels take f32, f16 or bf16 inputs, got f64");
   detail::check_cuda_attention_limits(s, d.normalizer);
   detail::require_device();
-  detail::AttentionLaunch a = detail::contiguous_launch(detail::in_type(d.dtype), d.q, d.k, d.v, s);
+  detail::AttentionLaunch a = detail::contiguous_launch(d.dtype, d.q, d.k, d.v, s);
   a.softmax1 = d.normalizer == RowNorm::softmax1;
   a.null_logits = d.null_logits;
   a.causal = d.causal;
@@ -370,13 +302,7 @@ AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor
   cuda::detail::check_cuda_attention_limits(s, opt.normalizer);
   cuda::detail::check_masked_rows(s, opt);
   cuda::detail::require_device();
-  return cuda::detail::run_attention(cuda::detail::InType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt);
-}
-
-DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
-                                      const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
-                                      const DepthOptions& opt) {
-  return cuda::detail::route_on_device(sources, g_old, psi, kinds, opt);
+  return cuda::detail::run_attention(io::DType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt);
 }
 
 }  // namespace detail

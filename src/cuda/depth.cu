@@ -31,18 +31,18 @@ __global__ void depth_weights_kernel(const __grid_constant__ DepthLaunch a) {
     if (!a.authors_code) {
       float sum = 0.0f;
       for (int i = 0; i < a.n; ++i)
-        if (a.evidence[i]) { sum += a.psi[i * N + t]; ++count; }
+        if (a.evidence.flag[i]) { sum += a.psi[i * N + t]; ++count; }
       if (count >= 2) mean = sum / static_cast<float>(count);
     } else {
       float sum = 0.0f;
-      for (int i = 0; i < a.n; ++i) sum += a.evidence[i] ? a.psi[i * N + t] : 0.0f;
+      for (int i = 0; i < a.n; ++i) sum += a.evidence.flag[i] ? a.psi[i * N + t] : 0.0f;
       mean = sum / static_cast<float>(a.n);
     }
     for (int i = 0; i < a.n; ++i) {
       float d = 0.0f;
       if (a.authors_code)
-        d = (a.evidence[i] ? a.psi[i * N + t] : 0.0f) - mean;
-      else if (a.evidence[i] && count >= 2)
+        d = (a.evidence.flag[i] ? a.psi[i * N + t] : 0.0f) - mean;
+      else if (a.evidence.flag[i] && count >= 2)
         d = a.psi[i * N + t] - mean;
       // g_old - beta * Dpsi, rounded after the product as in the reference (no contraction).
       float x = __fsub_rn(a.g_old[i * N + t], __fmul_rn(a.beta, d));

@@ -1,5 +1,12 @@
 // src/cuda/device_util.hpp — host-side helpers of the CUDA backend: error checks, device buffers,
 // availability and argument checks shared by the host wrappers (internal to oasis_cuda).
+//
+// Names of the backend's functions, by layer:
+//   oasis::detail::cuda_<op>         Backend::cuda's entry point on host tensors (oasis/backend.hpp)
+//   oasis::cuda::<op>                a CUDA-only entry point on host tensors (oasis/cuda.hpp)
+//   oasis::cuda::<op>_device         a public entry point on device buffers (oasis/cuda.hpp)
+//   oasis::cuda::detail::launch_<x>  launches kernels on validated raw pointers, asynchronously
+//                                    (one kernel each in launch.hpp; composites here)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -85,25 +92,23 @@ namespace oasis::cuda::detail {
 struct RouteSetup {
   float beta = 0.0f;
   std::vector<unsigned char> evidence;
-  bool clamp_uncoupled = false;  ///< oasis::model::finish_route: clamp g_old when coupling is off
+  bool clamp_uncoupled = false;  ///< clamp g_old without coupling (oasis::model::clamps_uncoupled_logits)
 };
 RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                             const std::vector<SourceKind>& kinds, const DepthOptions& opt);
 
-/// Device outputs of a routing: g, dpsi, alpha [n, N], alpha_null [N], h [N, d].
+/// Device outputs of one routing: g, dpsi, alpha [n, N], alpha_null [N], h [N, d].
 struct DeviceRoute {
+  DeviceRoute(index_t n, index_t N, index_t d);
+  index_t n, N, d;
   DeviceBuffer<float> g, dpsi, alpha, alpha_null, h;
+  DepthRoute<float> download() const;
 };
-/// Routes on the device from device sources/g_old/psi (validated by check_route_args).
-DeviceRoute route_device(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
-                         const RouteSetup& setup, const DepthOptions& opt);
-/// Launches the routing kernels into caller-owned device outputs (asynchronous on `stream`).
-void launch_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
-                  const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null, float* g,
-                  float* dpsi, CUstream_st* stream);
-DepthRoute<float> download_route(const DeviceRoute& r, index_t n, index_t N, index_t d);
 
-DepthRoute<float> route_on_device(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
-                                  const std::vector<SourceKind>& kinds, const DepthOptions& opt);
+/// Launches the routing kernels (depth weights, then the mixing h = sum_i alpha_i s_i) on
+/// validated arguments into caller-owned device outputs, asynchronously on `stream`.
+void launch_attn_res_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                           const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null,
+                           float* g, float* dpsi, CUstream_st* stream);
 
 }  // namespace oasis::cuda::detail

@@ -1,19 +1,22 @@
 // src/cuda/launch.hpp — raw-pointer launchers of the CUDA kernels (internal to oasis_cuda).
 //
 // This header is shared by the .cu kernel files (compiled by nvcc) and the host wrappers
-// (compiled by the C++ compiler). It includes neither Eigen nor Boost nor the oasis core, so the
-// device code never sees them. Every launcher returns the cudaError_t of the launch as an int
-// (0 = success); the host wrappers turn a failure into an exception.
+// (compiled by the C++ compiler). It includes neither Eigen nor Boost nor the oasis core (only
+// the dependency-free oasis/io/dtype_enum.hpp), so the device code never sees them. Every
+// launcher returns the cudaError_t of the launch as an int (0 = success); the host wrappers turn
+// a failure into an exception.
+//
+// The launch structs are aggregates of scalars, pointers and structs (no bare arrays), so that
+// the CUDA emulator can check each pointer member of a kernel parameter (src/cuda/emu).
 #pragma once
 
 #include <cstdint>
 
+#include "oasis/io/dtype_enum.hpp"
+
 struct CUstream_st;
 
 namespace oasis::cuda::detail {
-
-/// Element type of q, k, v: 0 = float32, 1 = float16 (IEEE binary16), 2 = bfloat16.
-enum class InType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
 /// One fused attention call. Strides are in elements; q element (b, h, t, c) is at
 /// q[b * q_sb + h * q_sh + t * q_st + c] (c contiguous), likewise k, v (with the kv head) and out.
@@ -21,7 +24,7 @@ enum class InType : int { f32 = 0, f16 = 1, bf16 = 2 };
 /// final running maximum M and normaliser sum S of each row, so that the probability kernel can
 /// form p_j = exp(z_j - M) / S exactly as the reference does.
 struct AttentionLaunch {
-  InType in_type = InType::f32;
+  io::DType in_type = io::DType::f32;  ///< element type of q, k, v: f32, f16 or bf16
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -60,12 +63,17 @@ inline constexpr int kMaxCandidates = 1024;
 /// The widest row the mixing kernel takes (column blocks of 128 on grid y <= 65535).
 inline constexpr int kMaxWidth = 65535 * 128;
 
+/// One flag per depth candidate.
+struct CandidateFlags {
+  unsigned char flag[kMaxCandidates] = {};
+};
+
 /// Depth weights of N tokens over n candidates (oasis::depth_weights per token).
 struct DepthLaunch {
   int n = 0, N = 0;
   const float* g_old = nullptr;            ///< [n, N]
   const float* psi = nullptr;              ///< [n, N]
-  unsigned char evidence[kMaxCandidates] = {};  ///< has_null_evidence(kind_i, headless rule), i < n
+  CandidateFlags evidence;                 ///< has_null_evidence(kind_i, headless rule), i < n
   bool coupling = true;
   bool clamp_uncoupled = false;            ///< without coupling, clamp g_old too (oasis::model routers)
   bool authors_code = false;               ///< centring convention (false: paper_v2)

@@ -1,7 +1,11 @@
-// src/cuda/route.cpp — host side of the CUDA depth router (oasis::attn_res_route semantics).
+// src/cuda/route.cpp — host side of the CUDA depth router (oasis::attn_res_route semantics):
+// Backend::cuda's attn_res_route on host tensors and attn_res_route_device on device buffers,
+// both through check_route_args' validation and launch_attn_res_route; and the device entry point
+// of the pseudo-query logits.
 #include <cmath>
 
 #include "device_util.hpp"
+#include "oasis/backend.hpp"
 #include "oasis/cuda.hpp"
 
 namespace oasis::cuda::detail {
@@ -39,15 +43,15 @@ RouteSetup check_route_args(const Tensor<float>& sources, const Tensor<float>& g
   return r;
 }
 
-void launch_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
-                  const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null, float* g,
-                  float* dpsi, CUstream_st* stream) {
+void launch_attn_res_route(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
+                           const RouteSetup& setup, const DepthOptions& opt, float* h, float* alpha, float* alpha_null,
+                           float* g, float* dpsi, CUstream_st* stream) {
   DepthLaunch a;
   a.n = static_cast<int>(n);
   a.N = static_cast<int>(N);
   a.g_old = g_old;
   a.psi = psi;
-  for (index_t i = 0; i < n; ++i) a.evidence[i] = setup.evidence[static_cast<std::size_t>(i)];
+  for (index_t i = 0; i < n; ++i) a.evidence.flag[i] = setup.evidence[static_cast<std::size_t>(i)];
   a.coupling = opt.coupling;
   a.clamp_uncoupled = setup.clamp_uncoupled;
   a.authors_code = opt.coupling_options.centring == Centring::authors_code;
@@ -62,35 +66,20 @@ void launch_route(const float* sources, const float* g_old, const float* psi, in
   check(launch_depth_mix(sources, alpha, a.n, a.N, static_cast<int>(d), h, stream), "depth mix launch");
 }
 
-DeviceRoute route_device(const float* sources, const float* g_old, const float* psi, index_t n, index_t N, index_t d,
-                         const RouteSetup& setup, const DepthOptions& opt) {
-  const std::size_t nN = static_cast<std::size_t>(n * N);
-  DeviceRoute r{DeviceBuffer<float>(nN), DeviceBuffer<float>(nN), DeviceBuffer<float>(nN),
-                DeviceBuffer<float>(static_cast<std::size_t>(N)), DeviceBuffer<float>(static_cast<std::size_t>(N * d))};
-  launch_route(sources, g_old, psi, n, N, d, setup, opt, r.h.get(), r.alpha.get(), r.alpha_null.get(), r.g.get(),
-               r.dpsi.get(), nullptr);
-  return r;
-}
+DeviceRoute::DeviceRoute(index_t n_, index_t N_, index_t d_)
+    : n(n_), N(N_), d(d_),
+      g(static_cast<std::size_t>(n * N)), dpsi(static_cast<std::size_t>(n * N)), alpha(static_cast<std::size_t>(n * N)),
+      alpha_null(static_cast<std::size_t>(N)), h(static_cast<std::size_t>(N * d)) {}
 
-DepthRoute<float> download_route(const DeviceRoute& r, index_t n, index_t N, index_t d) {
+DepthRoute<float> DeviceRoute::download() const {
   DepthRoute<float> out{Tensor<float>({N, d}), Tensor<float>({n, N}), Tensor<float>({N}), Tensor<float>({n, N}),
                         Tensor<float>({n, N})};
-  r.h.download(out.h.data());
-  r.alpha.download(out.alpha.data());
-  r.alpha_null.download(out.alpha_null.data());
-  r.g.download(out.g.data());
-  r.dpsi.download(out.dpsi.data());
+  h.download(out.h.data());
+  alpha.download(out.alpha.data());
+  alpha_null.download(out.alpha_null.data());
+  g.download(out.g.data());
+  dpsi.download(out.dpsi.data());
   return out;
-}
-
-DepthRoute<float> route_on_device(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
-                                  const std::vector<SourceKind>& kinds, const DepthOptions& opt) {
-  const RouteSetup setup = check_route_args(sources, g_old, psi, kinds, opt);
-  require_device();
-  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
-  DeviceBuffer<float> ds = to_device(sources), dg = to_device(g_old), dp = to_device(psi);
-  const DeviceRoute r = route_device(ds.get(), dg.get(), dp.get(), n, N, d, setup, opt);
-  return download_route(r, n, N, d);
 }
 
 }  // namespace oasis::cuda::detail
@@ -113,7 +102,7 @@ void attn_res_route_device(const float* sources, const float* g_old, const float
   for (SourceKind k : kinds) setup.evidence.push_back(has_null_evidence(k, opt.coupling_options.headless) ? 1 : 0);
   if (opt.coupling) setup.beta = depth_beta<float>(opt);
   detail::require_device();
-  detail::launch_route(sources, g_old, psi, n, N, d, setup, opt, h, alpha, alpha_null, g, dpsi, stream);
+  detail::launch_attn_res_route(sources, g_old, psi, n, N, d, setup, opt, h, alpha, alpha_null, g, dpsi, stream);
 }
 
 void pseudo_query_logits_device(const float* sources, index_t n, index_t N, index_t d, const float* w,
@@ -129,3 +118,23 @@ void pseudo_query_logits_device(const float* sources, index_t n, index_t N, inde
 }
 
 }  // namespace oasis::cuda
+
+// --- Backend::cuda's entry point of oasis/backend.hpp --------------------------------------------
+
+namespace oasis::detail {
+
+DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
+                                      const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                      const DepthOptions& opt) {
+  const cuda::detail::RouteSetup setup = cuda::detail::check_route_args(sources, g_old, psi, kinds, opt);
+  cuda::detail::require_device();
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  using cuda::detail::to_device;
+  const cuda::detail::DeviceBuffer<float> ds = to_device(sources), dg = to_device(g_old), dp = to_device(psi);
+  cuda::detail::DeviceRoute r(n, N, d);
+  cuda::detail::launch_attn_res_route(ds.get(), dg.get(), dp.get(), n, N, d, setup, opt, r.h.get(), r.alpha.get(),
+                                      r.alpha_null.get(), r.g.get(), r.dpsi.get(), nullptr);
+  return r.download();
+}
+
+}  // namespace oasis::detail

@@ -1,7 +1,7 @@
 // CUDA backend, device tests: the device-pointer entry point, the psi reduction and one
-// full AttnRes sublayer forward against a host composition of the core functions (float: the
-// plain reference; long double: the oracle). Each test skips with the reason when no device is
-// present.
+// full AttnRes sublayer forward against the model's own functions (oasis::model::kimi_route,
+// attention_sublayer, mlp_sublayer; float: the plain reference; long double: the oracle). Each
+// test skips with the reason when no device is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include "oasis/backend.hpp"
 #include "oasis/cuda.hpp"
 #include "oasis/instances.hpp"
+#include "oasis/model/router.hpp"
 #include "oasis_test.hpp"
 #include "parity_rule.hpp"
 
@@ -162,142 +163,103 @@ TEST(CudaDeviceApi, RowOfNegativeInfiniteScoresIsAFullyMaskedRow) {
   }
 }
 
-// --- one AttnRes sublayer: host composition of the core (oasis/model/layers.hpp semantics) -------
+// --- one AttnRes sublayer against the model (oasis/model/router.hpp, layers.hpp) -------------------
 
+/// The weights of one sublayer and its router in scalar T, and the model's views of them.
 template <class T>
-Tensor<T> linear_rows(const Tensor<T>& x, const Tensor<T>& W) {  // [N, in] W[out, in]^T
-  const index_t N = x.dim(0), in = x.dim(1), out = W.dim(0);
-  Tensor<T> y({N, out});
-  for (index_t r = 0; r < N; ++r)
-    for (index_t o = 0; o < out; ++o) {
-      T acc(0);
-      for (index_t c = 0; c < in; ++c) acc += W(o, c) * x(r, c);
-      y(r, o) = acc;
-    }
-  return y;
-}
-
-template <class T>
-void rms_rows(Tensor<T>& x, index_t width, const Tensor<T>& gain, double eps) {  // in place, rows of `width`
-  std::vector<T> y(static_cast<std::size_t>(width));
-  for (index_t r = 0; r < x.size() / width; ++r) {
-    rms_norm_row(x.data() + r * width, width, gain.empty() ? nullptr : gain.data(), KeyNormOptions{eps, false}, y.data());
-    for (index_t c = 0; c < width; ++c) x[r * width + c] = y[static_cast<std::size_t>(c)];
+struct SublayerWeights {
+  Tensor<T> query, key_gain, norm, wq, wk, wv, wo, q_norm, k_norm, gate, up, down;
+  model::AttentionWeights<T> attention(bool qk_norm) const {
+    return {&norm, &wq, &wk, &wv, &wo, qk_norm ? &q_norm : nullptr, qk_norm ? &k_norm : nullptr};
   }
-}
-
-template <class T>
-void rope_rows(Tensor<T>& x, index_t H, index_t dh, index_t Tn, cuda::Rope rope, double theta) {
-  using std::cos; using std::pow; using std::sin;
-  if (rope == cuda::Rope::none) return;
-  const index_t half = dh / 2;
-  for (index_t r = 0; r < x.dim(0); ++r)
-    for (index_t h = 0; h < H; ++h)
-      for (index_t i = 0; i < half; ++i) {
-        const T a = T(static_cast<double>(r % Tn)) * pow(T(theta), T(static_cast<double>(-2 * i)) / T(static_cast<double>(dh)));
-        const index_t c1 = rope == cuda::Rope::interleaved ? 2 * i : i, c2 = rope == cuda::Rope::interleaved ? 2 * i + 1 : i + half;
-        T* p = x.ptr(r) + h * dh;
-        const T x1 = p[c1], x2 = p[c2];
-        p[c1] = x1 * cos(a) - x2 * sin(a);
-        p[c2] = x2 * cos(a) + x1 * sin(a);
-      }
-}
-
-template <class T>
-struct HostSublayer {
-  Tensor<T> h, alpha, out, p_null, psi;
+  model::MlpWeights<T> mlp() const { return {&norm, &gate, &up, &down}; }
+  template <class U>
+  SublayerWeights<U> cast() const {
+    return {query.template cast<U>(), key_gain.template cast<U>(), norm.template cast<U>(), wq.template cast<U>(),
+            wk.template cast<U>(),    wv.template cast<U>(),       wo.template cast<U>(),   q_norm.template cast<U>(),
+            k_norm.template cast<U>(), gate.template cast<U>(),    up.template cast<U>(),   down.template cast<U>()};
+  }
 };
 
 template <class T>
-HostSublayer<T> host_sublayer(const Tensor<float>& sources_f, const Tensor<float>& psi_f, const std::vector<SourceKind>& kinds,
-                              const cuda::SublayerWeights& wf, const cuda::SublayerOptions& opt) {
-  const Tensor<T> sources = sources_f.cast<T>(), psi = psi_f.cast<T>();
-  auto cast = [](const Tensor<float>& t) { return t.cast<T>(); };
-  const index_t N = sources.dim(1), d = sources.dim(2), B = opt.batch, Tn = N / B;
-  Tensor<T> g_old = pseudo_query_logits(sources, cast(wf.pseudo_query), cast(wf.key_gain), opt.key_norm);
-  if (!opt.depth.coupling && std::isfinite(opt.depth.coupling_options.score_clamp)) {  // model::finish_route
-    const T lim(opt.depth.coupling_options.score_clamp);
-    for (index_t i = 0; i < g_old.size(); ++i) g_old[i] = g_old[i] > lim ? lim : (g_old[i] < -lim ? -lim : g_old[i]);
+struct ModelSublayer {
+  Tensor<T> h, alpha, out, p_null, psi;
+};
+
+/// The model's sublayer l in scalar T: kimi_route over the sources, then attention_sublayer (a
+/// fresh KV cache, positions from 0) or mlp_sublayer.
+template <class T>
+ModelSublayer<T> model_sublayer(const Tensor<float>& sources, const Tensor<float>& psi,
+                                const std::vector<SourceKind>& kinds, index_t B, const SublayerWeights<float>& wf,
+                                double theta, const model::ModelConfig& cfg, bool attention) {
+  const SublayerWeights<T> w = wf.template cast<T>();
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  std::vector<model::DepthSource<T>> candidates(static_cast<std::size_t>(n));
+  std::vector<const model::DepthSource<T>*> ptrs;
+  for (index_t i = 0; i < n; ++i) {
+    model::DepthSource<T>& c = candidates[static_cast<std::size_t>(i)];
+    c.v.x = Tensor<T>({N, d});
+    c.psi = Tensor<T>({N});
+    for (index_t t = 0; t < N; ++t) {
+      for (index_t k = 0; k < d; ++k) c.v.x(t, k) = T(sources(i, t, k));
+      c.psi[t] = T(psi(i, t));
+    }
+    c.kind = kinds[static_cast<std::size_t>(i)];
+    ptrs.push_back(&c);
   }
-  const DepthRoute<T> route = attn_res_route(sources, g_old, psi, kinds, opt.depth);
-  Tensor<T> x = route.h;
-  rms_rows(x, d, cast(wf.norm), opt.norm_eps);
-  HostSublayer<T> r{route.h, route.alpha, {}, {}, {}};
-  if (opt.kind == cuda::SublayerKind::mlp) {
-    const Tensor<T> a = linear_rows(x, cast(wf.gate)), b = linear_rows(x, cast(wf.up));
-    Tensor<T> m(a.shape());
-    for (index_t i = 0; i < a.size(); ++i) m[i] = a[i] * sigmoid(a[i]) * b[i];
-    r.out = linear_rows(m, cast(wf.down));
-    return r;
+  const model::ErrorModel off;
+  const model::RouteResult<T> r = model::kimi_route(ptrs, w.query, w.key_gain, theta, cfg, off);
+  ModelSublayer<T> out{r.route.h, r.route.alpha, {}, {}, {}};
+  if (attention) {
+    model::KVCache<T> cache;
+    const model::AttentionSublayer<T> a =
+        model::attention_sublayer(r.h, B, N / B, 0, w.attention(cfg.qk_norm), cfg, cache, off);
+    out.out = a.out.x;
+    out.p_null = a.p_null;
+    out.psi = a.psi;
+  } else {
+    out.out = model::mlp_sublayer(r.h, w.mlp(), cfg, off).x;
   }
-  const index_t H = opt.n_heads, Hkv = opt.n_kv_heads ? opt.n_kv_heads : H, dh = opt.d_head ? opt.d_head : d / H;
-  Tensor<T> q = linear_rows(x, cast(wf.wq)), k = linear_rows(x, cast(wf.wk));
-  const Tensor<T> v = linear_rows(x, cast(wf.wv));
-  if (!wf.q_norm.empty()) {
-    rms_rows(q, dh, cast(wf.q_norm), opt.norm_eps);
-    rms_rows(k, dh, cast(wf.k_norm), opt.norm_eps);
-  }
-  rope_rows(q, H, dh, Tn, opt.rope, opt.rope_theta);
-  rope_rows(k, Hkv, dh, Tn, opt.rope, opt.rope_theta);
-  auto heads = [&](const Tensor<T>& rows, index_t nh) {
-    Tensor<T> t({B, nh, Tn, dh});
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < nh; ++h)
-        for (index_t s = 0; s < Tn; ++s)
-          for (index_t c = 0; c < dh; ++c) t(b, h, s, c) = rows(b * Tn + s, h * dh + c);
-    return t;
-  };
-  AttentionOptions ao;
-  ao.normalizer = opt.token_normalizer;
-  ao.causal = opt.causal;
-  const AttentionResult<T> att = token_attention(heads(q, H), heads(k, Hkv), heads(v, Hkv), ao);
-  Tensor<T> merged({N, H * dh});
-  for (index_t b = 0; b < B; ++b)
-    for (index_t h = 0; h < H; ++h)
-      for (index_t s = 0; s < Tn; ++s)
-        for (index_t c = 0; c < dh; ++c) merged(b * Tn + s, h * dh + c) = att.out(b, h, s, c);
-  r.out = linear_rows(merged, cast(wf.wo));
-  r.p_null = att.p_null;
-  r.psi = null_statistic(att.p_null);
-  return r;
+  return out;
 }
 
 struct SublayerCase {
   std::string name;
-  cuda::SublayerOptions opt;
-  bool qk_norm = false;
+  model::ModelConfig cfg;
+  bool attention = true;
+  bool key_gain = true;   ///< the router's key norm has a gain
   double pq_scale = 0.5;  ///< spread of the pseudo-query: 12 gives |g_old| ~ 100, beyond a [-50, 50] clamp
 };
 
 std::vector<SublayerCase> sublayer_cases() {
-  cuda::SublayerOptions base;
-  base.batch = 2;
+  model::ModelConfig base;  // variant oasis: softmax1 over tokens and depth, coupled (paper_v2)
+  base.d_model = 128;
   base.n_heads = 4;
   base.n_kv_heads = 2;
   base.d_head = 64;
-  base.depth.beta = 2.0;
-  cuda::SublayerOptions inter = base;
-  inter.rope = cuda::Rope::interleaved;
+  base.d_ff = 192;
+  base.beta = 2.0;
+  model::ModelConfig qk = base;
+  qk.qk_norm = true;
+  model::ModelConfig inter = base;
+  inter.rope = model::RopeLayout::interleaved;
   inter.n_kv_heads = 4;
-  inter.depth.coupling_options = CouplingOptions::authors_code();
-  cuda::SublayerOptions vanilla = base;
-  vanilla.token_normalizer = RowNorm::softmax;
-  vanilla.depth.normalizer = RowNorm::softmax;
-  vanilla.depth.coupling = false;
-  vanilla.rope = cuda::Rope::none;
-  cuda::SublayerOptions mlp = base;
-  mlp.kind = cuda::SublayerKind::mlp;
-  mlp.depth.coupling = false;  // uncoupled authors_code convention: g_old clamped to [-50, 50]
-  mlp.depth.coupling_options = CouplingOptions::authors_code();
-  return {{"oasis_rotate_half_gqa", base, false},
-          {"oasis_qk_norm", base, true},
-          {"authors_interleaved", inter, false},
-          {"vanilla_no_rope", vanilla, false},
-          {"mlp_swiglu_clamped_router", mlp, false, 12.0}};
+  inter.coupling = CouplingOptions::authors_code();
+  model::ModelConfig vanilla = base;
+  vanilla.variant = Variant::vanilla_attnres;  // softmax over tokens and depth, no coupling
+  vanilla.rope_theta = 500000.0;
+  model::ModelConfig mlp = base;
+  mlp.variant = Variant::aos;  // uncoupled; the authors_code convention clamps g_old to [-50, 50]
+  mlp.coupling = CouplingOptions::authors_code();
+  return {{"oasis_rotate_half_gqa", base},
+          {"oasis_qk_norm", qk},
+          {"authors_interleaved", inter},
+          {"vanilla_softmax_theta_5e5_no_key_gain", vanilla, true, false},
+          {"mlp_swiglu_clamped_router", mlp, false, true, 12.0}};
 }
 
-/// Per-tensor rule for the composed sublayer: max |x - x_hp| <= 2 max |x_ref - x_hp| + floor,
-/// floor = gamma_K max_i |x_hp,i| with K the length of the last reduction (docs/cuda.md).
+/// Per-tensor rule for the sublayer: max |x - x_hp| <= 2 max |x_ref - x_hp| + floor,
+/// floor = K u max_i |x_hp,i| with K the length of the last reduction (docs/cuda.md).
 template <class L>
 ::testing::AssertionResult sublayer_rule(const std::string& name, const Tensor<float>& got, const Tensor<float>& ref,
                                          const Tensor<L>& hp, index_t K) {
@@ -324,37 +286,38 @@ class SublayerParity : public ::testing::TestWithParam<SublayerCase> {};
 TEST_P(SublayerParity, WithinTwiceReferenceErrorPlusFloor) {
   const SublayerCase& c = GetParam();
   OASIS_SKIP_WITHOUT_CUDA();
-  const index_t n = 4, B = c.opt.batch, Tn = 24, N = B * Tn, d = 128, dh = c.opt.d_head;
-  const index_t H = c.opt.n_heads, Hkv = c.opt.n_kv_heads ? c.opt.n_kv_heads : H, d_ff = 192;
+  const index_t n = 4, B = 2, Tn = 24, N = B * Tn, d = c.cfg.d_model, dh = c.cfg.head_dim();
+  const index_t H = c.cfg.n_heads, Hkv = c.cfg.kv_heads(), d_ff = c.cfg.d_ff;
   std::mt19937_64 rng = make_rng(std::hash<std::string>{}(c.name) % 1000003ULL);
   const std::vector<SourceKind> kinds{SourceKind::initial, SourceKind::attention, SourceKind::headless,
                                       SourceKind::attention};
   const Tensor<float> sources = randn<float>({n, N, d}, rng), psi = uniform<float>({n, N}, rng, 0.0, 1.0);
-  cuda::SublayerWeights w;
+  SublayerWeights<float> w;
   const double ws = 1.0 / std::sqrt(static_cast<double>(d));
-  w.pseudo_query = randn<float>({d}, rng, c.pq_scale);
-  w.key_gain = uniform<float>({d}, rng, 0.5, 1.5);
+  w.query = randn<float>({d}, rng, c.pq_scale);
+  if (c.key_gain) w.key_gain = uniform<float>({d}, rng, 0.5, 1.5);
   w.norm = uniform<float>({d}, rng, 0.5, 1.5);
   w.wq = randn<float>({H * dh, d}, rng, ws);
   w.wk = randn<float>({Hkv * dh, d}, rng, ws);
   w.wv = randn<float>({Hkv * dh, d}, rng, ws);
   w.wo = randn<float>({d, H * dh}, rng, 1.0 / std::sqrt(static_cast<double>(H * dh)));
-  if (c.qk_norm) {
-    w.q_norm = uniform<float>({dh}, rng, 0.5, 1.5);
-    w.k_norm = uniform<float>({dh}, rng, 0.5, 1.5);
-  }
+  w.q_norm = uniform<float>({dh}, rng, 0.5, 1.5);
+  w.k_norm = uniform<float>({dh}, rng, 0.5, 1.5);
   w.gate = randn<float>({d_ff, d}, rng, ws);
   w.up = randn<float>({d_ff, d}, rng, ws);
   w.down = randn<float>({d, d_ff}, rng, 1.0 / std::sqrt(static_cast<double>(d_ff)));
+  const double theta = c.cfg.theta_init;
+  const cuda::KimiRouter router{&w.query, &w.key_gain, theta};
 
-  const cuda::SublayerResult got = cuda::attn_res_sublayer(sources, psi, kinds, w, c.opt);
-  const HostSublayer<float> ref = host_sublayer<float>(sources, psi, kinds, w, c.opt);
-  const HostSublayer<long double> hp = host_sublayer<long double>(sources, psi, kinds, w, c.opt);
+  const cuda::SublayerResult got =
+      c.attention ? cuda::attn_res_sublayer(sources, psi, kinds, B, router, w.attention(c.cfg.qk_norm), c.cfg)
+                  : cuda::attn_res_sublayer(sources, psi, kinds, B, router, w.mlp(), c.cfg);
+  const auto ref = model_sublayer<float>(sources, psi, kinds, B, w, theta, c.cfg, c.attention);
+  const auto hp = model_sublayer<long double>(sources, psi, kinds, B, w, theta, c.cfg, c.attention);
   OASIS_EXPECT_PARITY(sublayer_rule("h", got.route.h, ref.h, hp.h, n));
   OASIS_EXPECT_PARITY(sublayer_rule("alpha", got.route.alpha, ref.alpha, hp.alpha, n));
-  const bool attention = c.opt.kind == cuda::SublayerKind::attention;
-  OASIS_EXPECT_PARITY(sublayer_rule("out", got.out, ref.out, hp.out, attention ? H * dh : d_ff));
-  if (attention) {
+  OASIS_EXPECT_PARITY(sublayer_rule("out", got.out, ref.out, hp.out, c.attention ? H * dh : d_ff));
+  if (c.attention) {
     OASIS_EXPECT_PARITY(sublayer_rule("p_null", got.p_null, ref.p_null, hp.p_null, Tn));
     OASIS_EXPECT_PARITY(sublayer_rule("psi", got.psi, ref.psi, hp.psi, Tn + H));
   } else {

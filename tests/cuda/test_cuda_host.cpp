@@ -1,8 +1,9 @@
 // CUDA backend, host-only tests: they run without a GPU. They check the availability
-// report, the 16-bit storage conversions, argument validation (which runs before any device
-// work, so every error names its argument on any machine), and the fused kernel's per-row state
-// machine (src/cuda/online_softmax.hpp, the code the kernel runs) through a host simulation of
-// the kernel's tiling against the long double oracle.
+// report, argument validation (which runs before any device work, so every error names its
+// argument on any machine), and the fused kernel's per-row state machine
+// (src/cuda/online_softmax.hpp, the code the kernel runs) through a host simulation of the
+// kernel's tiling against the long double oracle. (The host's 16-bit conversions are the
+// library's, tested in tests/verify/test_tensor16.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,17 +24,7 @@
 namespace oasis::test {
 namespace {
 
-using cuda::DType;
-
-template <class F>
-std::string thrown_argument(F&& f) {
-  try {
-    f();
-  } catch (const invalid_argument& e) {
-    return e.argument();
-  }
-  return "<nothing thrown>";
-}
+using io::DType;
 
 // --- availability --------------------------------------------------------------------------------
 
@@ -67,61 +58,22 @@ TEST(CudaAvailability, UnavailableBackendThrowsNamingBackendWithTheReason) {
   EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({1, 2, 3})); }), "backend");
 }
 
-// --- 16-bit storage --------------------------------------------------------------------------------
-
-TEST(CudaDType, NamesRoundTripAndUnknownIsRejected) {
-  for (DType t : {DType::f32, DType::f16, DType::bf16}) EXPECT_EQ(cuda::parse_dtype(cuda::to_string(t)), t);
-  EXPECT_EQ(thrown_argument([] { cuda::parse_dtype("f64"); }), "dtype");
-  EXPECT_EQ(thrown_argument([] { cuda::round_to_bits(1.0f, DType::f32); }), "dtype");
-}
-
-TEST(CudaDType, RepresentableValuesRoundTripExactly) {
-  for (DType t : {DType::f16, DType::bf16})
-    for (int i = -256; i <= 256; ++i)
-      for (float scale : {1.0f, 0.25f, 64.0f}) {
-        const float x = static_cast<float>(i) * scale;  // at most 9 significant bits: exact in both
-        EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(x, t), t), x) << cuda::to_string(t) << " " << x;
-      }
-}
-
-TEST(CudaDType, RoundsToNearestTiesToEven) {
-  // f16 has 10 fraction bits: spacing 2^-10 at 1; bfloat16 has 7: spacing 2^-7 at 1.
-  const float f16_half = std::ldexp(1.0f, -11), bf16_half = std::ldexp(1.0f, -8);
-  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + f16_half, DType::f16), DType::f16), 1.0f);
-  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + 3 * f16_half, DType::f16), DType::f16),
-            1.0f + std::ldexp(1.0f, -9));
-  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + bf16_half, DType::bf16), DType::bf16), 1.0f);
-  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(1.0f + 3 * bf16_half, DType::bf16), DType::bf16),
-            1.0f + std::ldexp(1.0f, -6));
-  EXPECT_TRUE(std::isinf(cuda::widen_bits(cuda::round_to_bits(70000.0f, DType::f16), DType::f16)));
-  EXPECT_EQ(cuda::widen_bits(cuda::round_to_bits(65504.0f, DType::f16), DType::f16), 65504.0f);
-  EXPECT_TRUE(std::isnan(cuda::widen_bits(cuda::round_to_bits(std::nanf(""), DType::bf16), DType::bf16)));
-}
-
-TEST(CudaDType, RelativeRoundingErrorWithinUnitRoundoff) {
-  std::mt19937_64 rng = make_rng(3);
-  const Tensor<float> x = randn<float>({4096}, rng, 10.0);
-  for (DType t : {DType::f16, DType::bf16}) {
-    const double u = t == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
-    const Tensor<float> y = cuda::widen(cuda::round_to(x, t));
-    EXPECT_TRUE(within_bound(std::string("round_to ") + std::string(cuda::to_string(t)), y, x,
-                             [&](index_t, double r) { return std::abs(r) >= 6.2e-5 ? u * std::abs(r) : 6e-8; }));
-  }
-}
-
 // --- argument validation (before any device work) ---------------------------------------------------
 
 TEST(CudaValidation, AttentionErrorsNameTheArgument) {
   std::mt19937_64 rng = make_rng(4);
-  auto h16 = [&](Shape s, DType t = DType::f16) { return cuda::round_to(randn<float>(std::move(s), rng), t); };
-  const cuda::Tensor16 q = h16({1, 2, 4, 64}), k = h16({1, 1, 6, 64}), v = h16({1, 1, 6, 64});
+  auto h16 = [&](Shape s, DType t = DType::f16) { return io::round_to(randn<float>(std::move(s), rng), t); };
+  const io::Tensor16 q = h16({1, 2, 4, 64}), k = h16({1, 1, 6, 64}), v = h16({1, 1, 6, 64});
   AttentionOptions opt;
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(h16({1, 2, 4, 256}), h16({1, 1, 6, 256}), v, opt); }), "q");
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, h16({1, 1, 6, 200}), opt); }), "v");
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, h16({1, 1, 6, 64}, DType::bf16), v, opt); }), "k");
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, h16({1, 1, 6, 64}, DType::bf16), opt); }), "v");
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, h16({1, 3, 6, 64}), h16({1, 3, 6, 64}), opt); }), "k");
-  cuda::Tensor16 qnan = q;
+  io::Tensor16 qf32 = q;
+  qf32.dtype = DType::f32;  // float32 inputs take oasis::token_attention(Backend::cuda, ...)
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention(qf32, k, v, opt); }), "q");
+  io::Tensor16 qnan = q;
   qnan.bits[5] = 0x7e00;  // f16 NaN
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(qnan, k, v, opt); }), "q");
   AttentionOptions sparse = opt;
@@ -138,7 +90,7 @@ TEST(CudaValidation, AttentionErrorsNameTheArgument) {
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, masked); }), "scores");
   masked.key_lengths = {7};
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(q, k, v, masked); }), "key_lengths");
-  cuda::Tensor16 short_bits = q;
+  io::Tensor16 short_bits = q;
   short_bits.bits.pop_back();
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention(short_bits, k, v, opt); }), "bits");
 }
@@ -159,6 +111,9 @@ TEST(CudaValidation, DeviceEntryPointsCheckShapesAndPointers) {
   a.shape.d_h = 64;
   a.normalizer = RowNorm::clipped_softmax1;
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "normalizer");
+  a.normalizer = RowNorm::softmax1;
+  a.dtype = DType::f64;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "dtype");
   EXPECT_EQ(thrown_argument([&] { cuda::null_statistic_device(nullptr, 1, 1, 1, nullptr); }), "p_null");
   EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({2, 3})); }), "p_null");
   EXPECT_EQ(thrown_argument([&] { cuda::null_statistic(Tensor<float>({2, 0, 3})); }), "p_null");
@@ -174,52 +129,68 @@ TEST(CudaValidation, PseudoQueryAndSublayerErrorsNameTheArgument) {
   bad[7] = std::numeric_limits<float>::infinity();
   EXPECT_EQ(thrown_argument([&] { cuda::pseudo_query_logits(bad, w); }), "sources");
 
+  // The sublayer takes the model's types; every error names the argument or configuration field.
   const std::vector<SourceKind> kinds{SourceKind::initial, SourceKind::attention, SourceKind::attention};
-  cuda::SublayerWeights wt;
-  wt.pseudo_query = w;
-  wt.wq = randn<float>({16, 16}, rng);
-  wt.wk = randn<float>({8, 16}, rng);
-  wt.wv = randn<float>({8, 16}, rng);
-  wt.wo = randn<float>({16, 16}, rng);
-  cuda::SublayerOptions opt;
-  opt.batch = 2;
-  opt.n_heads = 2;
-  opt.n_kv_heads = 1;
-  Tensor<float> psi = uniform<float>({3, 8}, rng, 0.0, 1.0);
-  auto run = [&](const cuda::SublayerWeights& ww, const cuda::SublayerOptions& o, const Tensor<float>& p) {
-    return thrown_argument([&] { cuda::attn_res_sublayer(sources, p, kinds, ww, o); });
+  model::ModelConfig cfg;
+  cfg.d_model = 16;
+  cfg.n_heads = 2;
+  cfg.n_kv_heads = 1;  // d_head = 8
+  const Tensor<float> norm({16}, 1.0f), wq = randn<float>({16, 16}, rng), wk = randn<float>({8, 16}, rng),
+                      wv = randn<float>({8, 16}, rng), wo = randn<float>({16, 16}, rng);
+  const model::AttentionWeights<float> att{&norm, &wq, &wk, &wv, &wo, nullptr, nullptr};
+  const cuda::KimiRouter router{&w, nullptr, -5.0};
+  const Tensor<float> psi = uniform<float>({3, 8}, rng, 0.0, 1.0);
+  auto run = [&](const model::AttentionWeights<float>& W, const model::ModelConfig& c, const Tensor<float>& p,
+                 index_t batch = 2, const cuda::KimiRouter& r = {}) {
+    return thrown_argument([&] { cuda::attn_res_sublayer(sources, p, kinds, batch, r.query ? r : router, W, c); });
   };
-  cuda::SublayerWeights w2 = wt;
-  w2.wq = randn<float>({16, 15}, rng);
-  EXPECT_EQ(run(w2, opt, psi), "wq");
-  w2 = wt;
-  w2.wo = randn<float>({15, 16}, rng);
-  EXPECT_EQ(run(w2, opt, psi), "wo");
-  w2 = wt;
-  w2.q_norm = randn<float>({8}, rng);
-  EXPECT_EQ(run(w2, opt, psi), "q_norm");  // k_norm missing
-  cuda::SublayerOptions o2 = opt;
-  o2.batch = 3;
-  EXPECT_EQ(run(wt, o2, psi), "batch");
-  o2 = opt;
-  o2.n_kv_heads = 3;
-  EXPECT_EQ(run(wt, o2, psi), "n_kv_heads");
-  o2 = opt;
-  o2.token_normalizer = RowNorm::entmax15;
-  EXPECT_EQ(run(wt, o2, psi), "token_normalizer");
-  o2 = opt;
-  o2.depth.normalizer = RowNorm::sparsemax;
-  EXPECT_EQ(run(wt, o2, psi), "normalizer");
-  o2 = opt;
-  o2.depth.theta = std::nan("");
-  EXPECT_EQ(run(wt, o2, psi), "theta");
+  model::AttentionWeights<float> w2 = att;
+  const Tensor<float> wq_bad = randn<float>({16, 15}, rng), wo_bad = randn<float>({15, 16}, rng);
+  w2.wq = &wq_bad;
+  EXPECT_EQ(run(w2, cfg, psi), "wq");
+  w2 = att;
+  w2.wo = &wo_bad;
+  EXPECT_EQ(run(w2, cfg, psi), "wo");
+  w2 = att;
+  w2.wk = nullptr;
+  EXPECT_EQ(run(w2, cfg, psi), "wk");
+  model::ModelConfig c2 = cfg;
+  c2.qk_norm = true;
+  EXPECT_EQ(run(att, c2, psi), "q_norm");  // qk-norm configured, no q/k gains given
+  EXPECT_EQ(run(att, cfg, psi, 3), "batch");
+  c2 = cfg;
+  c2.n_kv_heads = 3;
+  EXPECT_EQ(run(att, c2, psi), "n_kv_heads");
+  c2 = cfg;
+  c2.d_model = 32;
+  EXPECT_EQ(run(att, c2, psi), "sources");  // width 16 is not d_model
+  c2 = cfg;
+  c2.token_normalizer = RowNorm::entmax15;
+  EXPECT_EQ(run(att, c2, psi), "token_normalizer");
+  c2 = cfg;
+  c2.variant = Variant::original;
+  EXPECT_EQ(run(att, c2, psi), "variant");
+  c2 = cfg;
+  c2.router = model::RouterFamily::authors_code;
+  EXPECT_EQ(run(att, c2, psi), "router");
+  c2 = cfg;
+  c2.psi_estimator = model::PsiEstimator::mass_deficit;
+  EXPECT_EQ(run(att, c2, psi), "psi_estimator");
+  w2 = att;
+  const Tensor<float> gate_w = randn<float>({2, 16}, rng);
+  w2.gate_w = &gate_w;
+  EXPECT_EQ(run(w2, cfg, psi), "gate_w");
+  EXPECT_EQ(run(att, cfg, psi, 2, cuda::KimiRouter{&w, nullptr, std::nan("")}), "theta");
+  const Tensor<float> gain_bad({15}, 1.0f);
+  EXPECT_EQ(run(att, cfg, psi, 2, cuda::KimiRouter{&w, &gain_bad, -5.0}), "key_gain");
+  const Tensor<float> query_bad({15});
+  EXPECT_EQ(run(att, cfg, psi, 2, cuda::KimiRouter{&query_bad, nullptr, -5.0}), "query");
   Tensor<float> psi_bad = psi;
   psi_bad(2, 3) = -0.5f;
-  EXPECT_EQ(run(wt, opt, psi_bad), "psi");
-  EXPECT_EQ(run(wt, opt, Tensor<float>({3, 7})), "psi");
-  cuda::SublayerOptions mlp = opt;
-  mlp.kind = cuda::SublayerKind::mlp;
-  EXPECT_EQ(run(wt, mlp, psi), "gate");  // no MLP weights
+  EXPECT_EQ(run(att, cfg, psi_bad), "psi");
+  EXPECT_EQ(run(att, cfg, Tensor<float>({3, 7})), "psi");
+  const model::MlpWeights<float> no_mlp{&norm, nullptr, nullptr, nullptr};
+  EXPECT_EQ(thrown_argument([&] { cuda::attn_res_sublayer(sources, psi, kinds, 2, router, no_mlp, cfg); }), "gate");
 }
 
 // --- the fused kernel's row state machine, simulated on the host -----------------------------------

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "kernel_launch.hpp"
+#include "launch.hpp"
 
 namespace {
 
@@ -127,6 +128,19 @@ __global__ void uninitialised_shared_kernel(int* out) {
   __syncthreads();
   out[threadIdx.x] = acc[threadIdx.x];
 }
+
+/// The same in a template kernel (GCC ignores section attributes on the statics of templates, so
+/// the emulator finds shared memory through the symbol table).
+template <int N>
+__global__ void uninitialised_shared_template_kernel(int* out) {
+  __shared__ int acc[N];
+  acc[threadIdx.x] += 1;
+  __syncthreads();
+  out[threadIdx.x] = acc[threadIdx.x];
+}
+
+/// out = x0 * x1 + x2, written without fmaf.
+__global__ void multiply_add_kernel(const float* x, float* out) { out[0] = x[0] * x[1] + x[2]; }
 
 /// Block 0 publishes a value that the other blocks read without a grid-wide synchronisation.
 __global__ void cross_block_racy_kernel(int* buf) {
@@ -343,6 +357,33 @@ TEST(CudaEmulator, SharedMemoryStartsUndefinedInEveryBlock) {
   }
 }
 
+TEST(CudaEmulator, SharedMemoryOfTemplateKernelsStartsUndefinedInEveryBlock) {
+  for (int launch = 0; launch < 2; ++launch) {
+    DeviceArray<int> out(64);
+    OASIS_LAUNCH(2, 64, nullptr, uninitialised_shared_template_kernel<64>)(out.p);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    for (const int v : out.get()) EXPECT_EQ(v, 0) << "launch " << launch << ": shared memory was not refilled";
+  }
+}
+
+// The kernels' arithmetic rounds as the device build's: nvcc compiles the kernels with
+// --fmad=false (OASIS_NVCC_FLAGS, CMakeLists.txt) and the emulator without contraction, so
+// x0 * x1 + x2 is two roundings on both, and only an explicit fmaf fuses.
+TEST(CudaEmulator, MultiplyAddRoundsTwiceAsInTheDeviceBuild) {
+  // x0 * x1 = 1 + 2^-11 + 2^-24 exactly; rounded to float it ties to the even 1 + 2^-11, so the
+  // two-rounding result is 0 and the fused one 2^-24.
+  const float e = std::ldexp(1.0f, -12);
+  const std::vector<float> x{1.0f + e, 1.0f + e, -(1.0f + 2 * e)};
+  ASSERT_EQ(std::fma(x[0], x[1], x[2]), std::ldexp(1.0f, -24));
+  DeviceArray<float> dx(3), out(1);
+  dx.put(x);
+  OASIS_LAUNCH(1, 1, nullptr, multiply_add_kernel)(dx.p, out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(out.get()[0], 0.0f) << "the emulator contracted a * b + c into an FMA";
+  EXPECT_NE(std::string(OASIS_NVCC_FLAGS_STRING).find("--fmad=false"), std::string::npos)
+      << "the device build (OASIS_NVCC_FLAGS = '" << OASIS_NVCC_FLAGS_STRING << "') contracts a * b + c";
+}
+
 // Blocks run one after another; the reverse and random orders expose a block that reads what
 // another block writes without a grid-wide synchronisation.
 TEST(CudaEmulator, ReverseBlockOrderExposesACrossBlockRace) {
@@ -376,6 +417,55 @@ TEST(CudaEmulator, HostPointerKernelArgumentIsReported) {
   OASIS_LAUNCH(1, 32, nullptr, write_kernel)(host.data(), 16);
   EXPECT_TRUE(launch_failed_with("kernel argument 0", before));
   for (const float v : host) EXPECT_EQ(v, 0.0f);  // not run
+}
+
+/// Expects a launcher's status to be a launch fault naming a struct member, and consumes it.
+::testing::AssertionResult launcher_failed_on_member(int status, long long faults_before) {
+  const bool failed = status == cudaErrorLaunchFailure;
+  cudaDeviceSynchronize();
+  cudaGetLastError();
+  if (!failed) return ::testing::AssertionFailure() << "the launch ran (status " << status << ")";
+  if (oasis_emu::fault_count() != faults_before + 1)
+    return ::testing::AssertionFailure() << "fault count " << oasis_emu::fault_count();
+  if (oasis_emu::last_fault().find("member") == std::string::npos)
+    return ::testing::AssertionFailure() << "fault message '" << oasis_emu::last_fault() << "' names no member";
+  return ::testing::AssertionSuccess();
+}
+
+// The backend's kernels take launch structs by value; a host pointer inside one is reported as
+// for a plain pointer argument (on the emulator the kernel would silently read host memory).
+TEST(CudaEmulator, HostPointerInsideALaunchStructIsReported) {
+  namespace cd = oasis::cuda::detail;
+  const int d = 8;
+  DeviceArray<float> q(d), k(d), v(d), out(d), lse(1), pn(1);
+  std::vector<float> host(d, 1.0f);
+  cd::AttentionLaunch a;
+  a.q = q.p; a.k = k.p; a.v = v.p;
+  a.B = a.H = a.H_kv = a.Tq = a.Tk = 1;
+  a.d_h = a.d_v = d;
+  a.q_st = a.k_st = a.v_st = a.o_st = d;
+  a.out = out.p; a.lse = lse.p; a.p_null = pn.p;
+  q.put(host);
+  k.put(host);
+  v.put(host);
+  ASSERT_EQ(cd::launch_attention(a, nullptr), 0);  // device memory only: runs
+  cd::AttentionLaunch bad = a;
+  bad.k = host.data();
+  long long before = oasis_emu::fault_count();
+  EXPECT_TRUE(launcher_failed_on_member(cd::launch_attention(bad, nullptr), before));
+  bad = a;
+  bad.p_null = host.data();
+  before = oasis_emu::fault_count();
+  EXPECT_TRUE(launcher_failed_on_member(cd::launch_attention(bad, nullptr), before));
+
+  DeviceArray<float> g_old(d), psi(d), g(d), dpsi(d), alpha(d), an(1);
+  cd::DepthLaunch r;
+  r.n = d;
+  r.N = 1;
+  r.g_old = g_old.p; r.psi = psi.p;
+  r.g = g.p; r.dpsi = dpsi.p; r.alpha = host.data(); r.alpha_null = an.p;
+  before = oasis_emu::fault_count();
+  EXPECT_TRUE(launcher_failed_on_member(cd::launch_depth_weights(r, nullptr), before));
 }
 
 TEST(CudaEmulator, BarrierThatSomeThreadsSkipIsReported) {

@@ -20,9 +20,9 @@
 #include "parity_rule.hpp"
 #if defined(OASIS_HAVE_CUDA)
 #include "oasis/cuda.hpp"
-namespace oasis::cuda {
+namespace oasis::io {
 inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
-}  // namespace oasis::cuda
+}  // namespace oasis::io
 #endif
 
 namespace oasis::test {
@@ -285,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, BackendParity, ::testing::ValuesIn(kBackends)
 #define OASIS_SKIP_WITHOUT_CUDA()                                                                     \
   if (std::string why; !cuda::available(&why)) GTEST_SKIP() << "backend cuda is not available: " << why
 
-class HalfInputParity : public ::testing::TestWithParam<std::tuple<cuda::DType, AttentionCase>> {};
+class HalfInputParity : public ::testing::TestWithParam<std::tuple<io::DType, AttentionCase>> {};
 
 // The 16-bit inputs are widened exactly to float; the float reference and the oracle run on the
 // widened values, so the rule is the float rule (the kernel accumulates in float32).
@@ -293,9 +293,8 @@ TEST_P(HalfInputParity, WithinTwiceReferenceErrorPlusFloor) {
   const auto& [dtype, c] = GetParam();
   OASIS_SKIP_WITHOUT_CUDA();
   const AttentionInputs raw = make_inputs(c, salt_of(c.name) + 7);
-  const cuda::Tensor16 q = cuda::round_to(raw.q, dtype), k = cuda::round_to(raw.k, dtype),
-                       v = cuda::round_to(raw.v, dtype);
-  const AttentionInputs in{cuda::widen(q), cuda::widen(k), cuda::widen(v), raw.opt};
+  const io::Tensor16 q = io::round_to(raw.q, dtype), k = io::round_to(raw.k, dtype), v = io::round_to(raw.v, dtype);
+  const AttentionInputs in{io::widen(q), io::widen(k), io::widen(v), raw.opt};
   const AttentionResult<float> got = cuda::token_attention(q, k, v, in.opt);
   expect_attention_parity<R>(got, in);
 }
@@ -306,10 +305,10 @@ std::vector<AttentionCase> half_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, HalfInputParity,
-                         ::testing::Combine(::testing::Values(cuda::DType::f16, cuda::DType::bf16),
+                         ::testing::Combine(::testing::Values(io::DType::f16, io::DType::bf16),
                                             ::testing::ValuesIn(half_cases())),
                          [](const auto& info) {
-                           return std::string(cuda::to_string(std::get<0>(info.param))) + "_" +
+                           return std::string(io::to_string(std::get<0>(info.param))) + "_" +
                                   std::get<1>(info.param).name;
                          });
 

@@ -23,11 +23,10 @@
 #include <string_view>
 
 #include "oasis/error.hpp"
+#include "oasis/io/dtype_enum.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis::io {
-
-enum class DType { f16, bf16, f32, f64 };
 
 /// A tensor as stored in a file: its dtype and its values widened exactly to double.
 struct StoredTensor {

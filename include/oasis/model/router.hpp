@@ -55,6 +55,12 @@ inline DepthOptions router_depth_options(const ModelConfig& cfg, double theta) {
   return depth_options(cfg.variant, base);
 }
 
+/// True when a router clamps g_old to [-score_clamp, score_clamp] although coupling is off (the
+/// header's rule: a convention with a finite clamp clamps whether or not psi couples).
+inline bool clamps_uncoupled_logits(const DepthOptions& o) {
+  return !o.coupling && std::isfinite(o.coupling_options.score_clamp);
+}
+
 /// Couple, normalise and mix (core attn_res_route) plus the error rule of that step:
 ///   e_Dpsi_i = e_psi_i + max_r e_psi_r + (n + 2) u max_r psi_r          (evidence sources)
 ///   dg_i = e_gold_i + beta e_Dpsi_i + beta |Dpsi_i| (7 + |theta|) u + u |g_i|  (coupling on)
@@ -67,7 +73,7 @@ RouteResult<T> finish_route(const std::vector<const DepthSource<T>*>& c, const T
   const index_t n = static_cast<index_t>(c.size()), N = sources.dim(1), d = sources.dim(2);
   RouteResult<T> r;
   r.options = router_depth_options(cfg, theta);
-  if (!r.options.coupling && std::isfinite(r.options.coupling_options.score_clamp)) {
+  if (clamps_uncoupled_logits(r.options)) {
     const T lim(r.options.coupling_options.score_clamp);
     for (index_t i = 0; i < g_old.size(); ++i) g_old[i] = g_old[i] > lim ? lim : (g_old[i] < -lim ? -lim : g_old[i]);
   }

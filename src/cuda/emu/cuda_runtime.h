@@ -1,24 +1,19 @@
 // src/cuda/emu/cuda_runtime.h — the device side of the CUDA emulator: what the kernel files
-// (attention.cu, depth.cu) use of CUDA C++, as host C++.
-//
-// Execution model. A launch runs its blocks one after another; the threads of a block are fibers
-// (own stacks, cooperative switching) scheduled round-robin, each running until it waits at a
-// barrier or exits, so the code between barriers runs as a block of real threads may:
-//   __syncthreads()          every thread of the block arrives before any continues; reaching it
-//                            after some thread of the block exited is reported (undefined on the
-//                            device), as is a block whose threads wait at different barriers.
-//   __shfl_sync / _xor_sync  a warp collective: every lane of the mask arrives (with the same mask)
-//                            before any reads; a lane of the mask that exited is reported.
-//   __shared__               one instance per kernel, reused by each block in turn (blocks never
-//                            run concurrently), filled with 0xFF bytes before each block (NaN as
-//                            float): a read before the block wrote it shows.
-// A fault (deadlock, misuse above, exception) stops the launch; cudaGetLastError() then returns
-// cudaErrorLaunchFailure and cudaGetErrorString() carries the emulator's message.
-//
-// Numerics: float arithmetic is IEEE binary32 on the host; expf/logf/sqrtf/cosf/sinf are the host
-// C library's (not CUDA's libdevice), fmaf is a fused multiply-add, and there is no automatic
-// contraction (-ffp-contract=off). The emulator checks the kernels' logic — indexing, masking,
-// tiling, synchronisation, the host wrappers — not the device's rounding.
+// (attention.cu, depth.cu) use of CUDA C++, as host C++. docs/cuda.md ("The CUDA emulator")
+// describes the execution model; in short:
+//   launch                   the configuration and every pointer argument (and pointer member of
+//                            a struct argument, kernel_arguments.hpp) are checked, then the
+//                            blocks run one after another (fibers.cpp);
+//   threads of a block       fibers, each running until it waits at a barrier or exits;
+//   __syncthreads()          every thread of the block arrives before any continues;
+//   __shfl_sync / _xor_sync  a warp collective: every lane of the mask arrives before any reads;
+//   __shared__               a function-local static of the kernel, one instance reused by each
+//                            block in turn, filled with 0xFF bytes (NaN as float) before every
+//                            block (shared_memory.cpp).
+// Misuse (a barrier after some thread exited, a collective naming an exited lane, a deadlock, an
+// exception) stops the launch as a device fault. Arithmetic: IEEE binary32 on the host, host libm
+// for expf/logf/sqrtf/cosf/sinf, fmaf fused, no other contraction (-ffp-contract=off, matching
+// the device build's --fmad=false).
 #pragma once
 
 #include <math.h>
@@ -33,6 +28,7 @@
 #include <utility>
 
 #include "cuda_runtime_api.h"
+#include "kernel_arguments.hpp"
 
 struct uint3 {
   unsigned x, y, z;
@@ -64,20 +60,11 @@ void syncthreads();
 /// `src_lane` (which must be in the mask).
 std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane);
 int lane_id();
-/// Runs `body` as every thread of every block of the grid; records a launch error or fault.
-void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body);
-/// True if p is null or points into (or one past) a live device allocation.
-bool is_device_pointer(const void* p);
-/// Records a fault of the launch of `kernel` (cudaErrorLaunchFailure) without running it.
-void launch_fault(const char* kernel, const std::string& what);
-
-template <class T>
-bool device_or_not_a_pointer(const T& v) {
-  if constexpr (std::is_pointer_v<T>)
-    return is_device_pointer(static_cast<const void*>(v));
-  else
-    return true;
-}
+/// Runs `body` as every thread of every block of the grid of `kernel` (whose __shared__ arrays
+/// are refilled before each block); records a launch error or fault.
+void run_grid(dim3 grid, dim3 block, const char* name, const void* kernel, const std::function<void()>& body);
+/// Records a fault of the launch of kernel `name` (cudaErrorLaunchFailure) without running it.
+void launch_fault(const char* name, const std::string& what);
 
 template <class... P>
 struct Launch {
@@ -88,21 +75,18 @@ struct Launch {
   void operator()(A&&... args) const {
     // The launch copies its parameters once; each thread receives them by value.
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-    // A pointer parameter must be device memory (or null): a host pointer faults on the device.
-    // (Pointers inside struct parameters are not checked.)
-    int bad = -1;
+    std::string bad;
     std::apply(
         [&bad](const auto&... p) {
           int i = 0;
-          ((bad < 0 && !device_or_not_a_pointer(p) ? (void)(bad = i) : (void)0, ++i), ...);
+          ((bad.empty() ? (void)(bad = arguments::host_pointer_in(p, i)) : (void)0, ++i), ...);
         },
         params);
-    if (bad >= 0) {
-      launch_fault(name, "kernel argument " + std::to_string(bad) +
-                             " is a pointer outside every device allocation (host memory?)");
+    if (!bad.empty()) {
+      launch_fault(name, bad);
       return;
     }
-    run_grid(grid, block, name, [&] { std::apply(kernel, params); });
+    run_grid(grid, block, name, reinterpret_cast<const void*>(kernel), [&] { std::apply(kernel, params); });
   }
 };
 template <class... P>
@@ -133,9 +117,9 @@ T from_bits(std::uint64_t b) {
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __grid_constant__
-// One static instance per kernel, in the section oasis_emu_shared, which the emulator fills with
-// 0xFF bytes (NaN as float, -1 as int) before every block: shared memory starts undefined.
-#define __shared__ static __attribute__((section("oasis_emu_shared")))
+// One static instance per kernel, which the emulator fills with 0xFF bytes (NaN as float, -1 as
+// int) before every block: shared memory starts undefined (shared_memory.cpp).
+#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define threadIdx (::oasis_emu::g_current->thread_idx)
 #define blockIdx (::oasis_emu::g_current->block_idx)

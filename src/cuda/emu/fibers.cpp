@@ -1,21 +1,21 @@
-// src/cuda/emu/emu.cpp — the CUDA emulator: fibers and barriers for the execution model
-// (cuda_runtime.h), the runtime API on host memory (cuda_runtime_api.h), SGEMM (cublas_v2.h) and
-// the 16-bit conversions (cuda_fp16.h, cuda_bf16.h).
+// src/cuda/emu/fibers.cpp — the execution model of the CUDA emulator (cuda_runtime.h): a launch
+// runs its blocks one after another; the threads of a block are fibers that the scheduler resumes
+// in passes (forward, reverse or shuffled order), each running until it waits at a barrier or a
+// warp collective, or exits. Barriers and collectives are resolved when their last participant
+// arrives; misuse (a barrier after a thread exited, a collective naming an exited lane, a block
+// whose threads all wait) is a device fault that stops the launch.
 //
 // Fibers switch with a few instructions on x86-64 (callee-saved registers, the stack pointer, the
 // SSE and x87 control words: what the System V ABI asks a call to preserve) and with ucontext
-// elsewhere. Launches are serialised by a mutex: the __shared__ arrays are static, one per kernel.
-//
-// Device memory is host memory with guard bytes on both sides of every allocation (checked at
-// cudaFree) and is filled with NaN bytes (0xFF) when allocated, so an output a kernel never writes
-// reads back as NaN. cudaMemcpy and cudaMemset check that the device side lies inside one live
-// allocation; SGEMM checks its operands the same way.
+// elsewhere. Launches are serialised by a mutex: the __shared__ arrays are statics, one per
+// kernel, refilled with 0xFF bytes before every block (shared_memory.cpp).
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -25,20 +25,15 @@
 #include <string>
 #include <vector>
 
-#include "oasis/io/dtype.hpp"  // before the emulator's device macros (cuda_runtime.h)
-
-#include "cublas_v2.h"
-#include "cuda_bf16.h"
-#include "cuda_fp16.h"
 #include "cuda_runtime.h"
+#include "emulator.hpp"
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
 
 // Under AddressSanitizer (the oasis_emu_asan build) every stack switch is announced, so that ASan
-// knows which stack is live, and device allocations carry no guard bytes of their own: ASan's
-// redzones then report any out-of-bounds read or write of a kernel where it happens.
+// knows which stack is live.
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -91,44 +86,9 @@ const ThreadContext* g_current = nullptr;
 
 namespace {
 
-// --- faults and the error state -----------------------------------------------------------------------
-
-struct ErrorState {
-  cudaError_t last = cudaSuccess;     // returned and cleared by cudaGetLastError
-  cudaError_t pending = cudaSuccess;  // a device fault, returned once by the next synchronising call
-  long long faults = 0;
-  std::string fault_message;
-  std::string fault_text;  // what cudaGetErrorString returns for the fault's code
-};
-ErrorState& err() {
-  static ErrorState e;
-  return e;
-}
 std::mutex& launch_mutex() {
   static std::mutex m;
   return m;
-}
-
-void record_fault(cudaError_t code, const std::string& message) {
-  ErrorState& e = err();
-  ++e.faults;
-  e.fault_message = message;
-  e.last = code;
-  e.pending = code;
-  std::fprintf(stderr, "oasis CUDA emulator: %s\n", message.c_str());
-}
-
-cudaError_t set_last(cudaError_t code) {
-  if (code != cudaSuccess) err().last = code;
-  return code;
-}
-
-/// A synchronising call returns a pending device fault once.
-cudaError_t take_pending() {
-  ErrorState& e = err();
-  const cudaError_t p = e.pending;
-  e.pending = cudaSuccess;
-  return p;
 }
 
 // --- fibers -------------------------------------------------------------------------------------
@@ -183,7 +143,8 @@ struct Scheduler {
   ucontext_t sched_uc;
 #endif
   const std::function<void()>* body = nullptr;
-  const char* kernel = "";
+  const char* kernel = "";                    // the running kernel's name, for messages
+  const std::vector<ByteRange>* shared = nullptr;  // its __shared__ arrays
   Schedule order = Schedule::forward;
   std::mt19937 rng{1};
   void* asan_fake_stack = nullptr;           // the scheduler's, while a fiber runs
@@ -362,32 +323,9 @@ std::string deadlock_message(const Block& b) {
   return o.str();
 }
 
-}  // namespace
-}  // namespace oasis_emu
-
-// The bounds of the kernels' __shared__ arrays (cuda_runtime.h), from the linker (weak: a program
-// without kernels has no such section).
-extern "C" {
-extern char __start_oasis_emu_shared[] __attribute__((weak));
-extern char __stop_oasis_emu_shared[] __attribute__((weak));
-}
-
-namespace oasis_emu {
-namespace {
-
-/// Shared memory is undefined when a block starts: 0xFF bytes (NaN as float). Not under ASan,
-/// which may keep redzones between the arrays.
-void poison_shared_memory() {
-#if !OASIS_EMU_ASAN
-  if (__start_oasis_emu_shared && __stop_oasis_emu_shared)
-    std::memset(__start_oasis_emu_shared, 0xFF,
-                static_cast<std::size_t>(__stop_oasis_emu_shared - __start_oasis_emu_shared));
-#endif
-}
-
 /// Runs one block to completion; false on a fault (message in the block).
 bool run_block(Scheduler& s, const uint3& bidx, dim3 grid, dim3 blockdim) {
-  poison_shared_memory();
+  for (const ByteRange& r : *s.shared) std::memset(r.begin, 0xFF, r.size);  // shared memory starts undefined
   const int n = static_cast<int>(blockdim.x * blockdim.y * blockdim.z);
   Block& b = s.block;
   b = Block{};
@@ -495,7 +433,7 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
   return f->shuffle_result;
 }
 
-void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<void()>& body) {
+void run_grid(dim3 grid, dim3 block, const char* name, const void* kernel, const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(launch_mutex());
   const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > kMaxGridX || grid.y > kMaxGridYZ ||
@@ -514,7 +452,8 @@ void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<voi
     s.fibers.push_back(f);
   }
   s.body = &body;
-  s.kernel = kernel;
+  s.kernel = name;
+  s.shared = &shared_arrays(kernel, name);
   const ThreadContext* saved = g_current;
   // Blocks in x-fastest order, reversed or shuffled with the schedule (a kernel that reads what
   // another block writes without a grid-wide synchronisation shows under one of the orders).
@@ -539,17 +478,10 @@ void run_grid(dim3 grid, dim3 block, const char* kernel, const std::function<voi
   g_current = saved;
 }
 
-void launch_fault(const char* kernel, const std::string& what) {
+void launch_fault(const char* name, const std::string& what) {
   std::lock_guard<std::mutex> lock(launch_mutex());
-  record_fault(cudaErrorLaunchFailure, std::string(kernel) + ": " + what);
+  record_fault(cudaErrorLaunchFailure, std::string(name) + ": " + what);
 }
-
-// --- 16-bit conversions (exact widening, one rounding to nearest even) ------------------------------
-
-float half_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::half_bits_to_double(bits)); }
-std::uint16_t float_to_half_bits(float x) { return oasis::io::double_to_half_bits(x); }
-float bf16_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::bf16_bits_to_double(bits)); }
-std::uint16_t float_to_bf16_bits(float x) { return oasis::io::double_to_bf16_bits(x); }
 
 void set_schedule(Schedule order, unsigned seed) {
   std::lock_guard<std::mutex> lock(launch_mutex());
@@ -558,254 +490,5 @@ void set_schedule(Schedule order, unsigned seed) {
 }
 Schedule schedule() { return sched().order; }
 
-long long fault_count() { return err().faults; }
-std::string last_fault() { return err().fault_message; }
-
 }  // namespace oasis_emu
 
-// --- device memory ---------------------------------------------------------------------------------------
-
-namespace {
-
-constexpr std::size_t kGuard = OASIS_EMU_ASAN ? 0 : 64;
-constexpr unsigned char kGuardByte = 0xA5;
-
-struct Allocation {
-  unsigned char* raw;
-  std::size_t bytes;
-};
-std::map<std::uintptr_t, Allocation>& allocations() {
-  static std::map<std::uintptr_t, Allocation> m;
-  return m;
-}
-std::mutex& memory_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-/// True if [p, p + bytes) lies inside one live allocation.
-bool in_device_memory(const void* p, std::size_t bytes) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  auto& m = allocations();
-  auto it = m.upper_bound(a);
-  if (it == m.begin()) return false;
-  --it;
-  return a >= it->first && a - it->first <= it->second.bytes && bytes <= it->second.bytes - (a - it->first);
-}
-
-}  // namespace
-
-namespace oasis_emu {
-bool is_device_pointer(const void* p) {
-  if (!p) return true;
-  std::lock_guard<std::mutex> lock(memory_mutex());
-  return in_device_memory(p, 0);
-}
-}  // namespace oasis_emu
-
-using oasis_emu::err;
-using oasis_emu::set_last;
-using oasis_emu::take_pending;
-
-cudaError_t cudaGetDeviceCount(int* count) {
-  if (!count) return set_last(cudaErrorInvalidValue);
-  if (const char* v = std::getenv("OASIS_EMU_NO_DEVICE"); v && *v && std::string(v) != "0") {
-    *count = 0;
-    return set_last(cudaErrorNoDevice);
-  }
-  *count = 1;
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int* device) {
-  if (!device) return set_last(cudaErrorInvalidValue);
-  *device = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (!prop) return set_last(cudaErrorInvalidValue);
-  if (device != 0) return set_last(cudaErrorInvalidDevice);
-  *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "%s", "oasis CUDA emulator (host CPU)");
-  prop->major = 9;
-  prop->minor = 0;
-  prop->totalGlobalMem = std::size_t{1} << 34;
-  prop->multiProcessorCount = 1;
-  prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize() { return set_last(take_pending()); }
-cudaError_t cudaGetLastError() {
-  const cudaError_t e = err().last;
-  err().last = cudaSuccess;
-  return e;
-}
-
-const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-  }
-  return "cudaErrorUnknown";
-}
-const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected (OASIS_EMU_NO_DEVICE is set)";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure: {
-      auto& e2 = err();
-      e2.fault_text = std::string(e == cudaErrorIllegalAddress ? "an illegal memory access was encountered"
-                                                               : "unspecified launch failure") +
-                      " (emulator: " + e2.fault_message + ")";
-      return e2.fault_text.c_str();
-    }
-  }
-  return "unknown error";
-}
-
-cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
-  if (!ptr) return set_last(cudaErrorInvalidValue);
-  *ptr = nullptr;
-  if (bytes == 0) return cudaSuccess;
-  auto* raw = static_cast<unsigned char*>(std::malloc(bytes + 2 * kGuard));
-  if (!raw) return set_last(cudaErrorMemoryAllocation);
-  std::memset(raw, kGuardByte, kGuard);
-  std::memset(raw + kGuard, 0xFF, bytes);  // NaN in every float lane: unwritten outputs show
-  std::memset(raw + kGuard + bytes, kGuardByte, kGuard);
-  std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<std::uintptr_t>(raw + kGuard)] = Allocation{raw, bytes};
-  *ptr = raw + kGuard;
-  return cudaSuccess;
-}
-
-cudaError_t cudaFree(void* ptr) {
-  if (!ptr) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(memory_mutex());
-  auto it = allocations().find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == allocations().end()) return set_last(cudaErrorInvalidDevicePointer);
-  const Allocation a = it->second;
-  allocations().erase(it);
-  std::size_t below = 0, above = 0;
-  for (std::size_t i = 0; i < kGuard; ++i) {
-    below += a.raw[i] != kGuardByte;
-    above += a.raw[kGuard + a.bytes + i] != kGuardByte;
-  }
-  std::free(a.raw);
-  if (below || above) {
-    oasis_emu::record_fault(cudaErrorIllegalAddress,
-                            "cudaFree: a write outside an allocation of " + std::to_string(a.bytes) + " bytes (" +
-                                std::to_string(below) + " guard bytes below, " + std::to_string(above) +
-                                " above were overwritten)");
-    return cudaErrorIllegalAddress;
-  }
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  if (const cudaError_t p = take_pending(); p != cudaSuccess) return set_last(p);
-  if (bytes == 0) return cudaSuccess;
-  if (!dst || !src) return set_last(cudaErrorInvalidValue);
-  std::lock_guard<std::mutex> lock(memory_mutex());
-  const bool dst_dev = in_device_memory(dst, bytes), src_dev = in_device_memory(src, bytes);
-  bool ok = false;
-  switch (kind) {
-    case cudaMemcpyHostToHost: ok = !dst_dev && !src_dev; break;
-    case cudaMemcpyHostToDevice: ok = dst_dev && !src_dev; break;
-    case cudaMemcpyDeviceToHost: ok = src_dev && !dst_dev; break;
-    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
-    case cudaMemcpyDefault: ok = true; break;
-    default: return set_last(cudaErrorInvalidMemcpyDirection);
-  }
-  // The device side is not inside one allocation, or the host side is device memory.
-  if (!ok) return set_last(cudaErrorInvalidValue);
-  std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
-  if (bytes == 0) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(memory_mutex());
-  if (!in_device_memory(ptr, bytes)) return set_last(cudaErrorInvalidValue);
-  std::memset(ptr, value, bytes);
-  return cudaSuccess;
-}
-
-// --- cuBLAS SGEMM -------------------------------------------------------------------------------------------
-
-struct cublasContext {
-  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
-};
-
-cublasStatus_t cublasCreate(cublasHandle_t* handle) {
-  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
-  *handle = new cublasContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  handle->mode = mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
-                           const float* beta, float* C, int ldc) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  auto valid_op = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
-  if (!valid_op(transa) || !valid_op(transb)) return CUBLAS_STATUS_INVALID_VALUE;
-  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;  // real data: C is T
-  // cuBLAS's argument rules: sizes >= 0; leading dimensions cover the stored rows.
-  if (m < 0 || n < 0 || k < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
-  if (lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  // Stored extents (column-major): A is (ta ? k : m) x (ta ? m : k) with leading dimension lda.
-  auto extent = [](long long rows, long long cols, long long ld) { return (cols - 1) * ld + rows; };
-  {
-    std::lock_guard<std::mutex> lock(memory_mutex());
-    const bool ok_a = k == 0 || in_device_memory(A, sizeof(float) * extent(ta ? k : m, ta ? m : k, lda));
-    const bool ok_b = k == 0 || in_device_memory(B, sizeof(float) * extent(tb ? n : k, tb ? k : n, ldb));
-    const bool ok_c = in_device_memory(C, sizeof(float) * extent(m, n, ldc));
-    if (!ok_a || !ok_b || !ok_c) {
-      oasis_emu::record_fault(cudaErrorIllegalAddress,
-                              std::string("cublasSgemm: operand ") + (!ok_a ? "A" : !ok_b ? "B" : "C") +
-                                  " does not lie inside one device allocation (m = " + std::to_string(m) +
-                                  ", n = " + std::to_string(n) + ", k = " + std::to_string(k) + ")");
-      return CUBLAS_STATUS_EXECUTION_FAILED;
-    }
-  }
-  const float a = *alpha, b = *beta;
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int l = 0; l < k; ++l) {
-        const float x = ta ? A[l + static_cast<long long>(i) * lda] : A[i + static_cast<long long>(l) * lda];
-        const float y = tb ? B[j + static_cast<long long>(l) * ldb] : B[l + static_cast<long long>(j) * ldb];
-        acc = std::fma(x, y, acc);
-      }
-      float& c = C[i + static_cast<long long>(j) * ldc];
-      c = b == 0.0f ? a * acc : a * acc + b * c;  // beta = 0: C is not read (it may hold NaN)
-    }
-  return CUBLAS_STATUS_SUCCESS;
-}

@@ -1,16 +1,12 @@
 // proofs_checks/support.hpp — what a check file includes (internal to oasis_proofs).
 //
-// Every check follows one pattern (docs/paper-map.md, "What passes means"):
-//  1. an instance is drawn in double from a reproducible stream and rounded once to the scalar T
-//     under test, so that T and mp50 see identical inputs                        (instances.hpp);
-//  2. the implementation under test (a small struct of std::function: the library by default, a
-//     mutant in the teeth tests) is evaluated in T                                (evaluate.hpp);
-//  3. for T != mp50 the library is also evaluated in oasis::mp50 on the same inputs and every
-//     output is compared with the documented bound of oasis/error_bounds.hpp (worst_error);
-//  4. the statement's conclusion is evaluated in mp50 on the T outputs (converted exactly), with
-//     a rounding allowance derived from the same bounds (worst_margin >= -allowance passes); at an
-//     equality (tight) instance the margin must also be <= the allowance          (check_run.hpp).
-// define_check.hpp turns a statement, the library and the mutants into a Check.
+// Every check follows the pattern of docs/paper-map.md, "What passes means". The pieces:
+//   instances.hpp     instances drawn in double and rounded once to the scalar T under test;
+//                     exact conversion of T results to mp50
+//   evaluate.hpp      the functions under test (the library, or a mutant) evaluated in T and
+//                     compared with the library in mp50 under the bounds of oasis/error_bounds.hpp
+//   check_run.hpp     CheckRun: the errors, margins and equality cases of one run, and its result
+//   define_check.hpp  define_check(): the library on every scalar and backend, and the mutants
 #pragma once
 
 #include "check.hpp"

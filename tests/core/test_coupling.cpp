@@ -311,9 +311,8 @@ TEST(Variants, TableOfSpecSection4) {
 }
 
 // An absent optional tensor (the default Tensor, e.g. no key gain) stays absent through cast<>():
-// the high-precision reference of a call without a gain is a call without a gain. (Found when
-// the CUDA pseudo-query parity test first ran, on the CUDA emulator: cast<mp50>() of the default
-// tensor used to give a rank-0 tensor of one element, which pseudo_query_logits rejects.)
+// the high-precision reference of a call without a gain is a call without a gain, where a rank-0
+// tensor of one element would be a gain of the wrong size that pseudo_query_logits rejects.
 TEST(Tensor, DefaultTensorCastsToTheDefaultTensor) {
   const Tensor<float> none;
   EXPECT_TRUE(none.empty());

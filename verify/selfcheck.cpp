@@ -101,24 +101,19 @@ void check_output(SelfcheckRow& row, const std::string& name, const Tensor<float
   row.passed = row.passed && t.passed;
 }
 
-SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, std::uint64_t seed) {
-  SelfcheckRow row{"parity.attention." + c.id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
+/// One parity row: `instance(rng, row)` draws an instance, runs the backend and checks its outputs
+/// with check_output; an exception fails the row with its message.
+template <class Instance>
+SelfcheckRow parity_row(const std::string& id, Backend b, int instances, std::uint64_t seed, const char* pass_message,
+                        Instance instance) {
+  SelfcheckRow row{id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
   try {
     for (int i = 0; i < instances; ++i) {
       auto rng = rng_for(seed, row.check, i);
-      Tensor<float> q = randn({c.B, c.H, c.Tq, c.d}, rng, c.logit_scale), k = randn({c.B, c.H_kv, c.Tk, c.d}, rng),
-                    v = randn({c.B, c.H_kv, c.Tk, c.d}, rng);
-      AttentionOptions ro = c.opt;
-      ro.return_probs = true;
-      const AttentionResult<mp50> ref = token_attention(q.cast<mp50>(), k.cast<mp50>(), v.cast<mp50>(), ro);
-      const bounds::AttentionBounds bd = bounds::attention_bounds(q, k, v, ro, ref);
-      const AttentionResult<float> got = token_attention(b, q, k, v, c.opt);
-      check_output(row, "out", got.out, ref.out, bd.out);
-      check_output(row, "lse", got.lse, ref.lse, bd.lse);
-      check_output(row, "p_null", got.p_null, ref.p_null, bd.p_null);
+      instance(rng, row);
       ++row.instances;
     }
-    if (row.passed) row.message = "out, lse, p_null within 0.5 ulp + 2x the plain float bound";
+    if (row.passed) row.message = pass_message;
   } catch (const std::exception& e) {
     row.passed = false;
     row.message = e.what();
@@ -126,29 +121,39 @@ SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, 
   return row;
 }
 
+SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, std::uint64_t seed) {
+  return parity_row("parity.attention." + c.id, b, instances, seed,
+                    "out, lse, p_null within 0.5 ulp + 2x the plain float bound",
+                    [&](std::mt19937_64& rng, SelfcheckRow& row) {
+                      Tensor<float> q = randn({c.B, c.H, c.Tq, c.d}, rng, c.logit_scale),
+                                    k = randn({c.B, c.H_kv, c.Tk, c.d}, rng), v = randn({c.B, c.H_kv, c.Tk, c.d}, rng);
+                      AttentionOptions ro = c.opt;
+                      ro.return_probs = true;
+                      const AttentionResult<mp50> ref = token_attention(q.cast<mp50>(), k.cast<mp50>(), v.cast<mp50>(), ro);
+                      const bounds::AttentionBounds bd = bounds::attention_bounds(q, k, v, ro, ref);
+                      const AttentionResult<float> got = token_attention(b, q, k, v, c.opt);
+                      check_output(row, "out", got.out, ref.out, bd.out);
+                      check_output(row, "lse", got.lse, ref.lse, bd.lse);
+                      check_output(row, "p_null", got.p_null, ref.p_null, bd.p_null);
+                    });
+}
+
 SelfcheckRow depth_parity(const DepthCase& c, Backend b, int instances, std::uint64_t seed) {
-  SelfcheckRow row{"parity.depth." + c.id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
-  try {
-    for (int i = 0; i < instances; ++i) {
-      auto rng = rng_for(seed, row.check, i);
-      const Tensor<float> src = randn({c.n, c.N, c.d}, rng), g_old = randn({c.n, c.N}, rng, 2.0);
-      Tensor<float> psi({c.n, c.N});
-      std::uniform_real_distribution<double> ud(0.0, 1.0);
-      for (index_t j = 0; j < psi.size(); ++j) psi[j] = static_cast<float>(ud(rng));
-      const DepthRoute<mp50> ref = attn_res_route(src.cast<mp50>(), g_old.cast<mp50>(), psi.cast<mp50>(), c.kinds, c.opt);
-      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, g_old, psi, c.kinds, c.opt, ref);
-      const DepthRoute<float> got = attn_res_route(b, src, g_old, psi, c.kinds, c.opt);
-      check_output(row, "h", got.h, ref.h, bd.h);
-      check_output(row, "alpha", got.alpha, ref.alpha, bd.alpha);
-      check_output(row, "alpha_null", got.alpha_null, ref.alpha_null, bd.alpha_null);
-      ++row.instances;
-    }
-    if (row.passed) row.message = "h, alpha, alpha_null within 0.5 ulp + 2x the plain float bound";
-  } catch (const std::exception& e) {
-    row.passed = false;
-    row.message = e.what();
-  }
-  return row;
+  return parity_row("parity.depth." + c.id, b, instances, seed,
+                    "h, alpha, alpha_null within 0.5 ulp + 2x the plain float bound",
+                    [&](std::mt19937_64& rng, SelfcheckRow& row) {
+                      const Tensor<float> src = randn({c.n, c.N, c.d}, rng), g_old = randn({c.n, c.N}, rng, 2.0);
+                      Tensor<float> psi({c.n, c.N});
+                      std::uniform_real_distribution<double> ud(0.0, 1.0);
+                      for (index_t j = 0; j < psi.size(); ++j) psi[j] = static_cast<float>(ud(rng));
+                      const DepthRoute<mp50> ref =
+                          attn_res_route(src.cast<mp50>(), g_old.cast<mp50>(), psi.cast<mp50>(), c.kinds, c.opt);
+                      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, g_old, psi, c.kinds, c.opt, ref);
+                      const DepthRoute<float> got = attn_res_route(b, src, g_old, psi, c.kinds, c.opt);
+                      check_output(row, "h", got.h, ref.h, bd.h);
+                      check_output(row, "alpha", got.alpha, ref.alpha, bd.alpha);
+                      check_output(row, "alpha_null", got.alpha_null, ref.alpha_null, bd.alpha_null);
+                    });
 }
 
 bool selected(const std::vector<std::string>& only, const std::string& id) {

@@ -6,15 +6,17 @@
 #include "core_gen.hpp"
 #include "oasis/error_bounds.hpp"
 #include "oasis/oasis.hpp"
+#include "oasis_mp.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;
 using R = mp50;
 using K = SourceKind;
 
+using oasis::test::kMpTol;
+using oasis::test::mp_abs;
+
 namespace {
-const R kMpTol = R(1e-40);
-R mp_abs(const R& x) { return x < 0 ? R(-x) : x; }
 
 // Candidates of target layer l in Full AttnRes with attention-only sources: initial + (l-1) branches.
 std::vector<SourceKind> attention_kinds(int n) {

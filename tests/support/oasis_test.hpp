@@ -2,7 +2,8 @@
 //
 //  * reproducible random tensors (oasis_random.hpp, shared with the benchmarks);
 //  * comparison against a reference under a per-element bound that reports the count of
-//    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult.
+//    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult;
+//  * the argument that a rejected call names (bad input must name the offending argument).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "oasis/error.hpp"
 #include "oasis/tensor.hpp"
 #include "oasis_random.hpp"
 
@@ -67,6 +69,17 @@ template <class T, class R>
 template <class T>
 ::testing::AssertionResult exactly_equal(const std::string& name, const Tensor<T>& a, const Tensor<T>& b) {
   return within_bound<T, T>(name, a, b, [](index_t, double) { return 0.0; });
+}
+
+/// The argument named by the oasis::invalid_argument that f() throws; "(no error)" when f() returns
+/// (any other exception propagates).
+template <class F> std::string thrown_argument(F&& f) {
+  try {
+    f();
+  } catch (const oasis::invalid_argument& e) {
+    return e.argument();
+  }
+  return "(no error)";
 }
 
 }  // namespace oasis::test

@@ -12,6 +12,8 @@
 //                       [](auto scalar, Backend b) { return library_implementation(scalar, b); })
 //       .mutant("some_mutant", "what is wrong", [](auto scalar) { return some_mutant(scalar); })
 //       .check();
+// A statement whose Implementation has a `loosen` factor on its own bound also registers
+// .loosened_bound(factor, "...") (the library with a weakened bound: the equality cases must fail it).
 // (The lambdas only turn the function templates into values; C++17 cannot pass a template.)
 #pragma once
 
@@ -63,12 +65,11 @@ template <class F> void run_guarded(CheckRun& run, F&& evaluate) {
 }
 
 /// A Check under construction; see the top of this file.
-template <class Statement> class CheckDefinition {
+template <class Statement, class Library> class CheckDefinition {
  public:
-  template <class Library>
   CheckDefinition(std::string id, std::string paper_ref, std::string summary, BackendCoverage coverage,
                   Statement statement, Library library)
-      : statement_(statement) {
+      : statement_(statement), library_(library) {
     check_.id = id;
     check_.paper_ref = paper_ref;
     check_.statement = std::move(summary);
@@ -109,18 +110,30 @@ template <class Statement> class CheckDefinition {
     return *this;
   }
 
+  /// The mutant "bound_loosened_10_percent": the library itself, with the statement's own bound
+  /// scaled by `factor` (Implementation::loosen, 0.9 for a lower bound, 1.1 for an upper one). Only
+  /// the equality cases can reject it, which shows that they are tight.
+  CheckDefinition& loosened_bound(double factor, std::string description) {
+    return mutant("bound_loosened_10_percent", std::move(description), [library = library_, factor](auto scalar) {
+      auto impl = library(scalar, Backend::reference);
+      impl.loosen = factor;
+      return impl;
+    });
+  }
+
   Check check() const { return check_; }
 
  private:
   Statement statement_;
+  Library library_;
   Check check_;
 };
 
 template <class Statement, class Library>
-CheckDefinition<Statement> define_check(std::string id, std::string paper_ref, std::string summary,
-                                        BackendCoverage coverage, Statement statement, Library library) {
-  return CheckDefinition<Statement>(std::move(id), std::move(paper_ref), std::move(summary), coverage, statement,
-                                    library);
+CheckDefinition<Statement, Library> define_check(std::string id, std::string paper_ref, std::string summary,
+                                                 BackendCoverage coverage, Statement statement, Library library) {
+  return CheckDefinition<Statement, Library>(std::move(id), std::move(paper_ref), std::move(summary), coverage,
+                                             statement, library);
 }
 
 }  // namespace oasis::checks::detail

@@ -168,12 +168,6 @@ template <class T> Implementation<T> depth_null_as_identity(ScalarTag<T>) {
   return {library_attention<T>(), route_with_null_as_identity<T>()};
 }
 
-template <class T> Implementation<T> bound_loosened_10_percent(ScalarTag<T> scalar) {
-  Implementation<T> m = library_implementation(scalar, Backend::reference);
-  m.loosen = 1.1;
-  return m;
-}
-
 }  // namespace
 
 Check make_theorem_5_2() {
@@ -188,8 +182,8 @@ Check make_theorem_5_2() {
               [](auto scalar) { return token_softmax_instead_of_softmax1(scalar); })
       .mutant("depth_null_as_identity", "h = sum alpha_i s_i + alpha_null s_{n-1}",
               [](auto scalar) { return depth_null_as_identity(scalar); })
-      .mutant("bound_loosened_10_percent", "bounds 1.1 V_max (1 - p_null), 1.1 B_max (1 - alpha_null), 1.1 delta: the equality case must expose them",
-              [](auto scalar) { return bound_loosened_10_percent(scalar); })
+      .loosened_bound(1.1, "bounds 1.1 V_max (1 - p_null), 1.1 B_max (1 - alpha_null), 1.1 delta: the equality case "
+                           "must expose them")
       .check();
 }
 

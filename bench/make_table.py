@@ -130,9 +130,8 @@ def main():
         md += ["## CPU, 1 thread: ratios from process CPU time (less sensitive to the shared machine's load)", "",
                f"Load average at start {sctx.get('load_avg')}. The `*_cpu` counters (notes column) divide the "
                "work by the process CPU time of the timing loop; with one thread that is the time the loop "
-               "really ran, so `ratio_*_cpu` is less sensitive to other processes than a wall-time ratio. It is not "
-               "immune: a process on the other logical CPU still shares the core's execution units, caches and "
-               "memory bandwidth, so compare the start and end ceilings.", "",
+               "really ran, so `ratio_*_cpu` is less sensitive to other processes than a wall-time ratio (its limits: "
+               "\"Measurement conditions\" below).", "",
                table(rows(single)), ""]
     gpu_rows = []
     for g in gpu_jsons:

@@ -19,14 +19,14 @@ namespace {
 using namespace detail;
 
 const char* const kId = "centring_ratio";
-const char* const kRef = "§4.3 coupling, centring ratio (SPEC §3, §5.6)";
+const char* const kPaperRef = "§4.3 coupling, centring ratio (SPEC §3, §5.6)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   std::function<Tensor<T>(const Tensor<T>&)> null_statistic;  ///< p_null [B, H, T] -> psi [B, T]
   RouteFn<T> route;
 };
 
-template <class T> Impl<T> library_impl(Backend b) {
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) {
   return {[](const Tensor<T>& p) { return oasis::null_statistic<T>(p); }, library_route<T>(b)};
 }
 
@@ -35,7 +35,7 @@ struct Candidate {
   std::vector<double> p_null;  ///< per head (attention sources)
 };
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   using std::abs; using std::exp;
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
@@ -54,36 +54,36 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     for (int i = 1; i < n; ++i) {
       cand[static_cast<std::size_t>(i)].kind =
           example || i == 1 || rng.integer(0, 2) > 0 ? SourceKind::attention : SourceKind::headless;
-      for (int h = 0; h < H; ++h) cand[static_cast<std::size_t>(i)].p_null.push_back(rd<T>(rng.uniform(0.0, 1.0)));
+      for (int h = 0; h < H; ++h) cand[static_cast<std::size_t>(i)].p_null.push_back(rounded<T>(rng.uniform(0.0, 1.0)));
     }
-    if (example) { cand[1].p_null = {rd<T>(0.8)}; cand[2].p_null = {rd<T>(0.2)}; }
+    if (example) { cand[1].p_null = {rounded<T>(0.8)}; cand[2].p_null = {rounded<T>(0.2)}; }
     const double beta = example ? 1.0 : rng.uniform(0.0, 3.0);
-    t.begin(it, false, example ? "teaching example" : std::string(to_string(co.centring)) + "/" + std::string(to_string(co.headless)));
+    run.begin_instance(it, false, example ? "teaching example" : std::string(to_string(co.centring)) + "/" + std::string(to_string(co.headless)));
 
     // psi through the implementation's null statistic (per attention source); head-less sources
     // inherit the psi of the preceding attention source under `inherit`.
     RouteSpec spec;
     spec.n = n;
-    std::vector<R> psi_def(static_cast<std::size_t>(n), R(0));
+    std::vector<mp50> psi_def(static_cast<std::size_t>(n), mp50(0));
     double last_psi = 0;
-    R last_def(0);
+    mp50 last_def(0);
     for (int i = 0; i < n; ++i) {
       const Candidate& c = cand[static_cast<std::size_t>(i)];
-      double psi = rd<T>(rng.uniform(0.0, 1.0));  // ignored entry for candidates without evidence
+      double psi = rounded<T>(rng.uniform(0.0, 1.0));  // ignored entry for candidates without evidence
       if (c.kind == SourceKind::attention) {
         Tensor<T> pn({1, H, 1});
-        R sum(0);
-        for (int h = 0; h < H; ++h) { pn(0, h, 0) = T(c.p_null[static_cast<std::size_t>(h)]); sum += R(c.p_null[static_cast<std::size_t>(h)]); }
+        mp50 sum(0);
+        for (int h = 0; h < H; ++h) { pn(0, h, 0) = T(c.p_null[static_cast<std::size_t>(h)]); sum += mp50(c.p_null[static_cast<std::size_t>(h)]); }
         const Tensor<T> ps = impl.null_statistic(pn);
-        if (ps.size() != 1) { t.fail("null statistic", "shape ", shape_str(ps.shape()), " for p_null [1, H, 1]"); break; }
-        const R mean_def = sum / R(H);
-        t.error("psi vs mean_h p_null", dbl(abs(to_R(ps[0]) - mean_def)),
-                (H + 2) * bounds::Precision::of<T>().u * ref_factor<T>() * dbl(mean_def) + kEvalAllowance);
+        if (ps.size() != 1) { run.fail("null statistic", "shape ", shape_str(ps.shape()), " for p_null [1, H, 1]"); break; }
+        const mp50 mean_def = sum / mp50(H);
+        run.error("psi vs mean_h p_null", to_double(abs(to_mp50(ps[0]) - mean_def)),
+                  (H + 2) * bounds::Precision::of<T>().u * mp50_rounding_factor<T>() * to_double(mean_def) + kEvalAllowance);
         // The routing below receives this psi (through double: exact for float and double; for
         // the mp scalars a rounding of the already checked value, so the identities use it).
-        psi = static_cast<double>(to_R(ps[0]));
+        psi = static_cast<double>(to_mp50(ps[0]));
         last_psi = psi;
-        last_def = R(psi);
+        last_def = mp50(psi);
         psi_def[static_cast<std::size_t>(i)] = last_def;
       } else if (c.kind == SourceKind::headless && co.headless == HeadlessRule::inherit) {
         psi = last_psi;
@@ -91,83 +91,83 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       }
       spec.psi.push_back(psi);
       spec.kinds.push_back(c.kind);
-      spec.sources.push_back(rd<T>(rng.normal(1.0)));
-      spec.g_old.push_back(example ? 0.0 : rd<T>(rng.normal(1.5) + (conv == 3 ? 0.0 : rng.uniform(-3.0, 3.0))));
+      spec.sources.push_back(rounded<T>(rng.normal(1.0)));
+      spec.g_old.push_back(example ? 0.0 : rounded<T>(rng.normal(1.5) + (conv == 3 ? 0.0 : rng.uniform(-3.0, 3.0))));
     }
-    if (t.failures()) continue;
+    if (run.failures()) continue;
     spec.opt.normalizer = RowNorm::softmax1;
     spec.opt.coupling = true;
     spec.opt.coupling_options = co;
     spec.opt.beta = beta;
-    const RouteEval e = route<T>(t, impl.route, spec);
+    const RouteEval e = route<T>(run, impl.route, spec);
 
-    // Dpsi by its definition, in R, from the definitional psi.
+    // Dpsi by its definition, in mp50, from the definitional psi.
     std::vector<bool> in_E(static_cast<std::size_t>(n));
-    R sumE(0), sumAll(0);
+    mp50 sumE(0), sumAll(0);
     int nE = 0;
     for (int i = 0; i < n; ++i) {
       in_E[static_cast<std::size_t>(i)] = has_null_evidence(spec.kinds[static_cast<std::size_t>(i)], co.headless);
       if (in_E[static_cast<std::size_t>(i)]) { sumE += psi_def[static_cast<std::size_t>(i)]; ++nE; sumAll += psi_def[static_cast<std::size_t>(i)]; }
     }
-    const R betaR = std::min(beta, co.beta_max);
-    std::vector<R> dpsi(static_cast<std::size_t>(n), R(0));
-    R mean(0);
+    const mp50 beta_mp = std::min(beta, co.beta_max);
+    std::vector<mp50> dpsi(static_cast<std::size_t>(n), mp50(0));
+    mp50 mean(0);
     if (co.centring == Centring::paper_v2) {
       if (nE >= 2) {
-        mean = sumE / R(nE);
+        mean = sumE / mp50(nE);
         for (int i = 0; i < n; ++i) if (in_E[static_cast<std::size_t>(i)]) dpsi[static_cast<std::size_t>(i)] = psi_def[static_cast<std::size_t>(i)] - mean;
       }
     } else {
-      mean = sumAll / R(n);
-      for (int i = 0; i < n; ++i) dpsi[static_cast<std::size_t>(i)] = (in_E[static_cast<std::size_t>(i)] ? psi_def[static_cast<std::size_t>(i)] : R(0)) - mean;
+      mean = sumAll / mp50(n);
+      for (int i = 0; i < n; ++i) dpsi[static_cast<std::size_t>(i)] = (in_E[static_cast<std::size_t>(i)] ? psi_def[static_cast<std::size_t>(i)] : mp50(0)) - mean;
     }
-    const R an = e.val.alpha_null[0];
-    const double rel_null = e.bound.alpha_null[0] / dbl(an);
-    auto rel = [&](int i) { return e.bound.alpha(i, 0) / dbl(e.val.alpha(i, 0)) + e.bound.g(i, 0); };
+    const mp50 an = e.val.alpha_null[0];
+    const double rel_null = e.bound.alpha_null[0] / to_double(an);
+    auto rel = [&](int i) { return e.bound.alpha(i, 0) / to_double(e.val.alpha(i, 0)) + e.bound.g(i, 0); };
     for (int i = 0; i < n; ++i) {
       // alpha_i / alpha_null = exp(g_i - beta Dpsi_i), written alpha_null exp(...) = alpha_i
-      const R ai = e.val.alpha(i, 0);
-      const R pred = an * exp(R(spec.g_old[static_cast<std::size_t>(i)]) - betaR * dpsi[static_cast<std::size_t>(i)]);
+      const mp50 ai = e.val.alpha(i, 0);
+      const mp50 pred = an * exp(mp50(spec.g_old[static_cast<std::size_t>(i)]) - beta_mp * dpsi[static_cast<std::size_t>(i)]);
       const char* what = !in_E[static_cast<std::size_t>(i)] || co.centring == Centring::authors_code
                              ? "alpha_i / alpha_null = exp(g_i - beta Dpsi_i)"
                              : "alpha_k / alpha_null = exp(g_k - beta psi_k) exp(beta mean_E psi) (mean does not cancel)";
-      t.identity(what, dbl(abs(ai - pred) / ai), rel(i) + rel_null + kEvalAllowance);
+      run.identity(what, to_double(abs(ai - pred) / ai), rel(i) + rel_null + kEvalAllowance);
     }
     for (int i = 0; i < n; ++i)
       for (int k = i + 1; k < n; ++k) {
         const bool pair = co.centring == Centring::authors_code ? true : (in_E[static_cast<std::size_t>(i)] && in_E[static_cast<std::size_t>(k)]);
         if (!pair) continue;
-        auto psi_of = [&](int j) { return in_E[static_cast<std::size_t>(j)] ? psi_def[static_cast<std::size_t>(j)] : R(0); };
-        const R ai = e.val.alpha(i, 0), ak = e.val.alpha(k, 0);
-        const R pred = ak * exp(R(spec.g_old[static_cast<std::size_t>(i)]) - R(spec.g_old[static_cast<std::size_t>(k)]) -
-                                betaR * (psi_of(i) - psi_of(k)));
-        t.identity("alpha_i / alpha_k = exp(g_i - g_k) exp(-beta (psi_i - psi_k)) (mean cancels)",
-                   dbl(abs(ai - pred) / ai), rel(i) + rel(k) + kEvalAllowance);
+        auto psi_of = [&](int j) { return in_E[static_cast<std::size_t>(j)] ? psi_def[static_cast<std::size_t>(j)] : mp50(0); };
+        const mp50 ai = e.val.alpha(i, 0), ak = e.val.alpha(k, 0);
+        const mp50 pred = ak * exp(mp50(spec.g_old[static_cast<std::size_t>(i)]) - mp50(spec.g_old[static_cast<std::size_t>(k)]) -
+                                beta_mp * (psi_of(i) - psi_of(k)));
+        run.identity("alpha_i / alpha_k = exp(g_i - g_k) exp(-beta (psi_i - psi_k)) (mean cancels)",
+                     to_double(abs(ai - pred) / ai), rel(i) + rel(k) + kEvalAllowance);
       }
     if (co.centring == Centring::paper_v2 && nE >= 2) {
       // against the initial state: alpha_k / alpha_0 = exp(g_k - g_0 - beta psi_k + beta mean_E psi)
       for (int k = 1; k < n; ++k) {
         if (!in_E[static_cast<std::size_t>(k)]) continue;
-        const R pred = e.val.alpha(0, 0) * exp(R(spec.g_old[static_cast<std::size_t>(k)]) - R(spec.g_old[0]) -
-                                               betaR * psi_def[static_cast<std::size_t>(k)] + betaR * mean);
-        t.identity("alpha_k / alpha_0 = exp(g_k - g_0) exp(-beta psi_k) exp(beta mean_E psi) (mean does not cancel)",
-                   dbl(abs(e.val.alpha(k, 0) - pred) / e.val.alpha(k, 0)), rel(k) + rel(0) + kEvalAllowance);
+        const mp50 pred = e.val.alpha(0, 0) * exp(mp50(spec.g_old[static_cast<std::size_t>(k)]) - mp50(spec.g_old[0]) -
+                                               beta_mp * psi_def[static_cast<std::size_t>(k)] + beta_mp * mean);
+        run.identity("alpha_k / alpha_0 = exp(g_k - g_0) exp(-beta psi_k) exp(beta mean_E psi) (mean does not cancel)",
+                     to_double(abs(e.val.alpha(k, 0) - pred) / e.val.alpha(k, 0)), rel(k) + rel(0) + kEvalAllowance);
       }
     }
     if (example) {
       const double pub[4] = {0.2445, 0.1811, 0.3300, 0.2445};  // slides, rounded to 4 decimals
       for (int i = 0; i < 3; ++i)
-        t.identity("teaching example (slides)", std::abs(dbl(e.val.alpha(i, 0)) - pub[i]), 5e-5 + e.bound.alpha(i, 0));
-      t.identity("teaching example (slides): alpha_null", std::abs(dbl(an) - pub[3]), 5e-5 + e.bound.alpha_null[0]);
+        run.identity("teaching example (slides)", std::abs(to_double(e.val.alpha(i, 0)) - pub[i]), 5e-5 + e.bound.alpha(i, 0));
+      run.identity("teaching example (slides): alpha_null", std::abs(to_double(an) - pub[3]), 5e-5 + e.bound.alpha_null[0]);
     }
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
 
 /// Coupling with the sign flipped: g_new = g_old + beta Dpsi.
-template <class T> Impl<T> coupling_sign_flipped() {
-  Impl<T> m = library_impl<T>(Backend::reference);
+template <class T> Implementation<T> coupling_sign_flipped(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
   m.route = [](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
                const DepthOptions& o) {
     const index_t n = g.dim(0), N = g.dim(1);
@@ -189,8 +189,8 @@ template <class T> Impl<T> coupling_sign_flipped() {
 }
 
 /// psi summed over the heads instead of averaged.
-template <class T> Impl<T> psi_summed_over_heads() {
-  Impl<T> m = library_impl<T>(Backend::reference);
+template <class T> Implementation<T> psi_summed_over_heads(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
   m.null_statistic = [](const Tensor<T>& p) {
     Tensor<T> psi = oasis::null_statistic<T>(p);
     for (index_t i = 0; i < psi.size(); ++i) psi[i] *= T(p.dim(1));
@@ -200,48 +200,29 @@ template <class T> Impl<T> psi_summed_over_heads() {
 }
 
 /// paper_v2 centring that includes the initial state in the mean (authors' set under the paper's name).
-template <class T> Impl<T> centring_includes_initial_state() {
-  Impl<T> m = library_impl<T>(Backend::reference);
-  m.route = [](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
-               const DepthOptions& o) {
-    DepthOptions o2 = o;
-    o2.coupling_options.centring = Centring::authors_code;
-    return attn_res_route<T>(s, g, p, k, o2);
-  };
+template <class T> Implementation<T> centring_includes_initial_state(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
+  m.route = route_centring_over_every_candidate<T>();
   return m;
 }
 
 }  // namespace
 
 Check make_centring_ratio() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "alpha_i/alpha_k = exp(g_i-g_k) exp(-beta(psi_i-psi_k)) for transformed branches; the centring mean "
-                "stays in the ratios to the null category and the initial state; slides' teaching example";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(library_impl<T>(b), cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "coupling_sign_flipped", "g_new = g_old + beta Dpsi",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(coupling_sign_flipped<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "psi_summed_over_heads", "psi = sum_h p_null instead of the mean",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(psi_summed_over_heads<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "centring_includes_initial_state",
-                                "paper_v2 mean taken over all candidates with psi_0 = 0",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(centring_includes_initial_state<T>(), cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "alpha_i/alpha_k = exp(g_i-g_k) exp(-beta(psi_i-psi_k)) for transformed branches; the centring mean "
+             "stays in the ratios to the null category and the initial state; slides' teaching example",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("coupling_sign_flipped", "g_new = g_old + beta Dpsi",
+              [](auto scalar) { return coupling_sign_flipped(scalar); })
+      .mutant("psi_summed_over_heads", "psi = sum_h p_null instead of the mean",
+              [](auto scalar) { return psi_summed_over_heads(scalar); })
+      .mutant("centring_includes_initial_state", "paper_v2 mean taken over all candidates with psi_0 = 0",
+              [](auto scalar) { return centring_includes_initial_state(scalar); })
+      .check();
 }
 
 }  // namespace oasis::checks

@@ -42,7 +42,7 @@ struct CheckResult {
 struct Mutant {
   std::string id;           ///< e.g. "null_logit_left_out_of_lse"
   std::string description;  ///< one line: what is wrong
-  /// Runs the check's body against the mutant (mp50 and double); every result must fail.
+  /// Runs the check's statement against the mutant (mp50 and double); every result must fail.
   std::function<std::vector<CheckResult>(const CheckConfig&)> run;
 };
 

@@ -13,25 +13,25 @@ namespace {
 using namespace detail;
 
 const char* const kId = "coupling_limits";
-const char* const kRef = "§4.3 coupling: beta = 0, one branch, l = 1 (SPEC §3, §5.7)";
+const char* const kPaperRef = "§4.3 coupling: beta = 0, one branch, l = 1 (SPEC §3, §5.7)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   RouteFn<T> route;
 };
 
-/// Bitwise equality of two tensors (converted exactly to R).
-inline void same(Tally& t, const char* what, const Tensor<R>& a, const Tensor<R>& b) {
-  if (a.shape() != b.shape()) { t.fail(what, "shapes differ"); return; }
-  R worst(0);
+/// Bitwise equality of two tensors (converted exactly to mp50).
+inline void require_bitwise_equal(CheckRun& run, const char* what, const Tensor<mp50>& a, const Tensor<mp50>& b) {
+  if (a.shape() != b.shape()) { run.fail(what, "shapes differ"); return; }
+  mp50 worst(0);
   for (index_t i = 0; i < a.size(); ++i) {
     using std::abs;
-    const R d = abs(a[i] - b[i]);
+    const mp50 d = abs(a[i] - b[i]);
     if (d > worst) worst = d;
   }
-  t.identity(what, dbl(worst), 0.0);
+  run.identity(what, to_double(worst), 0.0);
 }
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
   for (int it = 0; it < count; ++it) {
@@ -61,39 +61,41 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       spec.n = 1;
       spec.kinds = {SourceKind::initial};
     }
-    for (index_t i = 0; i < spec.n * spec.N * spec.d; ++i) spec.sources.push_back(rd<T>(rng.normal(1.0)));
+    for (index_t i = 0; i < spec.n * spec.N * spec.d; ++i) spec.sources.push_back(rounded<T>(rng.normal(1.0)));
     for (index_t i = 0; i < spec.n * spec.N; ++i) {
-      spec.g_old.push_back(rd<T>(rng.normal(3.0)));
-      spec.psi.push_back(rd<T>(rng.uniform(0.0, 1.0)));
+      spec.g_old.push_back(rounded<T>(rng.normal(3.0)));
+      spec.psi.push_back(rounded<T>(rng.uniform(0.0, 1.0)));
     }
     spec.opt.normalizer = RowNorm::softmax1;
     spec.opt.coupling = true;
     spec.opt.coupling_options = co;
     spec.opt.beta = which == 0 ? 0.0 : rng.uniform(0.1, 3.0);
-    t.begin(it, false, which == 0 ? "beta = 0" : which == 1 ? "one transformed branch" : "l = 1");
-    const RouteEval coupled = route<T>(t, impl.route, spec);
+    run.begin_instance(it, false, which == 0 ? "beta = 0" : which == 1 ? "one transformed branch" : "l = 1");
+    const RouteEval coupled = route<T>(run, impl.route, spec);
     RouteSpec aos = spec;
     aos.opt.coupling = false;
-    const RouteEval plain = route<T>(t, impl.route, aos);
-    same(t, "coupled logits = g_old", coupled.val.g, plain.val.g);
-    same(t, "alpha = AoS alpha (exact)", coupled.val.alpha, plain.val.alpha);
-    same(t, "alpha_null = AoS alpha_null (exact)", coupled.val.alpha_null, plain.val.alpha_null);
-    same(t, "h = AoS h (exact)", coupled.val.h, plain.val.h);
+    const RouteEval plain = route<T>(run, impl.route, aos);
+    require_bitwise_equal(run, "coupled logits = g_old", coupled.val.g, plain.val.g);
+    require_bitwise_equal(run, "alpha = AoS alpha (exact)", coupled.val.alpha, plain.val.alpha);
+    require_bitwise_equal(run, "alpha_null = AoS alpha_null (exact)", coupled.val.alpha_null, plain.val.alpha_null);
+    require_bitwise_equal(run, "h = AoS h (exact)", coupled.val.h, plain.val.h);
     if (which > 0) {
-      R worst(0);
+      mp50 worst(0);
       for (index_t i = 0; i < coupled.val.dpsi.size(); ++i) {
         using std::abs;
         if (abs(coupled.val.dpsi[i]) > worst) worst = abs(coupled.val.dpsi[i]);
       }
-      t.identity(which == 1 ? "one transformed branch: Dpsi = 0" : "l = 1: Dpsi = 0", dbl(worst), 0.0);
+      run.identity(which == 1 ? "one transformed branch: Dpsi = 0" : "l = 1: Dpsi = 0", to_double(worst), 0.0);
     }
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
+
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) { return {library_route<T>(b)}; }
 
 /// The beta override is ignored: beta = softplus(theta) (about 0.0067 at theta = -5) always.
-template <class T> Impl<T> beta_override_ignored() {
+template <class T> Implementation<T> beta_override_ignored(ScalarTag<T>) {
   return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
              const DepthOptions& o) {
     DepthOptions o2 = o;
@@ -102,18 +104,12 @@ template <class T> Impl<T> beta_override_ignored() {
   }};
 }
 
-/// paper_v2 centring over all candidates with psi_0 = 0 (the initial state in the mean).
-template <class T> Impl<T> centring_includes_initial_state() {
-  return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
-             const DepthOptions& o) {
-    DepthOptions o2 = o;
-    o2.coupling_options.centring = Centring::authors_code;
-    return attn_res_route<T>(s, g, p, k, o2);
-  }};
+template <class T> Implementation<T> centring_includes_initial_state(ScalarTag<T>) {
+  return {route_centring_over_every_candidate<T>()};
 }
 
 /// psi injected without centring: g_new = g_old - beta psi for candidates with evidence.
-template <class T> Impl<T> uncentred_psi() {
+template <class T> Implementation<T> uncentred_psi(ScalarTag<T>) {
   return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
              const DepthOptions& o) {
     if (!o.coupling) return attn_res_route<T>(s, g, p, k, o);
@@ -137,32 +133,19 @@ template <class T> Impl<T> uncentred_psi() {
 }  // namespace
 
 Check make_coupling_limits() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "beta = 0 reproduces AoS exactly; one transformed branch gives Dpsi = 0; l = 1 has no coupling";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(Impl<T>{library_route<T>(b)}, cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "beta_override_ignored", "beta = softplus(theta) even when beta is given",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(beta_override_ignored<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "centring_includes_initial_state", "paper_v2 mean over all candidates",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(centring_includes_initial_state<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "uncentred_psi", "g_new = g_old - beta psi (no centring)",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(uncentred_psi<T>(), cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "beta = 0 reproduces AoS exactly; one transformed branch gives Dpsi = 0; l = 1 has no coupling",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("beta_override_ignored", "beta = softplus(theta) even when beta is given",
+              [](auto scalar) { return beta_override_ignored(scalar); })
+      .mutant("centring_includes_initial_state", "paper_v2 mean over all candidates",
+              [](auto scalar) { return centring_includes_initial_state(scalar); })
+      .mutant("uncentred_psi", "g_new = g_old - beta psi (no centring)",
+              [](auto scalar) { return uncentred_psi(scalar); })
+      .check();
 }
 
 }  // namespace oasis::checks

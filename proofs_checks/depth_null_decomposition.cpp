@@ -15,13 +15,13 @@ namespace {
 using namespace detail;
 
 const char* const kId = "depth_null_decomposition";
-const char* const kRef = "§4.3 depth null value = 0 (SPEC §3): h - h_ref = sum a_i (s_i - h_ref) - a_null h_ref";
+const char* const kPaperRef = "§4.3 depth null value = 0 (SPEC §3): h - h_ref = sum a_i (s_i - h_ref) - a_null h_ref";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   RouteFn<T> route;
 };
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   using std::abs;
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
@@ -33,70 +33,62 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     spec.d = rng.integer(1, 5);
     spec.kinds.push_back(SourceKind::initial);
     for (index_t i = 1; i < spec.n; ++i) spec.kinds.push_back(rng.integer(0, 2) ? SourceKind::attention : SourceKind::headless);
-    for (index_t i = 0; i < spec.n * spec.N * spec.d; ++i) spec.sources.push_back(rd<T>(rng.normal(1.0)));
+    for (index_t i = 0; i < spec.n * spec.N * spec.d; ++i) spec.sources.push_back(rounded<T>(rng.normal(1.0)));
     const double shift = limit ? -40.0 : rng.uniform(-6.0, 4.0);
     for (index_t i = 0; i < spec.n * spec.N; ++i) {
-      spec.g_old.push_back(rd<T>(rng.normal(2.0) + shift));
-      spec.psi.push_back(rd<T>(rng.uniform(0.0, 1.0)));
+      spec.g_old.push_back(rounded<T>(rng.normal(2.0) + shift));
+      spec.psi.push_back(rounded<T>(rng.uniform(0.0, 1.0)));
     }
     std::vector<double> href(static_cast<std::size_t>(spec.N * spec.d));
-    for (double& x : href) x = rd<T>(rng.normal(1.5));
+    for (double& x : href) x = rounded<T>(rng.normal(1.5));
     const bool depth_null = limit || it % 4 != 1;
     spec.opt.normalizer = depth_null ? RowNorm::softmax1 : RowNorm::softmax;
     spec.opt.coupling = it % 2 == 0;
     if (rng.integer(0, 1)) spec.opt.coupling_options = CouplingOptions::authors_code();
     spec.opt.beta = rng.uniform(0.0, 3.0);
-    t.begin(it, false, limit ? "all depth logits -> -inf" : std::string(to_string(spec.opt.normalizer)));
-    const RouteEval e = route<T>(t, impl.route, spec);
+    run.begin_instance(it, false, limit ? "all depth logits -> -inf" : std::string(to_string(spec.opt.normalizer)));
+    const RouteEval e = route<T>(run, impl.route, spec);
     for (index_t tok = 0; tok < spec.N; ++tok) {
-      const R an = e.val.alpha_null[tok];
-      R total = an;
+      const mp50 an = e.val.alpha_null[tok];
+      mp50 total = an;
       double b_total = e.bound.alpha_null[tok] + kEvalAllowance;
       for (index_t i = 0; i < spec.n; ++i) { total += e.val.alpha(i, tok); b_total += e.bound.alpha(i, tok); }
-      t.identity("sum_i alpha_i + alpha_null = 1", dbl(abs(total - 1)), b_total);
-      if (!depth_null) t.identity("softmax depth: alpha_null = 0", dbl(abs(an)), 0.0);
+      run.identity("sum_i alpha_i + alpha_null = 1", to_double(abs(total - 1)), b_total);
+      if (!depth_null) run.identity("softmax depth: alpha_null = 0", to_double(abs(an)), 0.0);
       for (index_t c = 0; c < spec.d; ++c) {
-        const R hr(href[static_cast<std::size_t>(tok * spec.d + c)]);
-        R rhs = -an * hr, scale = abs(an * hr) + abs(hr);
-        double allowed = e.bound.h(tok, c) + e.bound.alpha_null[tok] * dbl(abs(hr));
+        const mp50 hr(href[static_cast<std::size_t>(tok * spec.d + c)]);
+        mp50 rhs = -an * hr, scale = abs(an * hr) + abs(hr);
+        double allowed = e.bound.h(tok, c) + e.bound.alpha_null[tok] * to_double(abs(hr));
         for (index_t i = 0; i < spec.n; ++i) {
-          const R u = R(spec.sources[static_cast<std::size_t>((i * spec.N + tok) * spec.d + c)]) - hr;
+          const mp50 u = mp50(spec.sources[static_cast<std::size_t>((i * spec.N + tok) * spec.d + c)]) - hr;
           rhs += e.val.alpha(i, tok) * u;
           scale += abs(e.val.alpha(i, tok) * u);
-          allowed += e.bound.alpha(i, tok) * dbl(abs(u));
+          allowed += e.bound.alpha(i, tok) * to_double(abs(u));
         }
-        const R lhs = e.val.h(tok, c) - hr;
-        t.identity("h - h_ref = sum_i alpha_i (s_i - h_ref) - alpha_null h_ref", dbl(abs(lhs - rhs)),
-                   allowed + kEvalAllowance * (1 + dbl(scale)));
+        const mp50 lhs = e.val.h(tok, c) - hr;
+        run.identity("h - h_ref = sum_i alpha_i (s_i - h_ref) - alpha_null h_ref", to_double(abs(lhs - rhs)),
+                     allowed + kEvalAllowance * (1 + to_double(scale)));
         if (limit) {
           // h -> 0, not h_ref: |h_c| <= (1 - alpha_null) max_i |s_ic|
-          R smax(0);
+          mp50 smax(0);
           for (index_t i = 0; i < spec.n; ++i)
-            smax = std::max(smax, abs(R(spec.sources[static_cast<std::size_t>((i * spec.N + tok) * spec.d + c)])));
-          t.margin("all logits -> -inf: |h| <= (1 - alpha_null) max |s|", dbl((1 - an) * smax - abs(e.val.h(tok, c))),
-                   e.bound.h(tok, c) + e.bound.alpha_null[tok] * dbl(smax) + kEvalAllowance);
+            smax = std::max(smax, abs(mp50(spec.sources[static_cast<std::size_t>((i * spec.N + tok) * spec.d + c)])));
+          run.margin("all logits -> -inf: |h| <= (1 - alpha_null) max |s|", to_double((1 - an) * smax - abs(e.val.h(tok, c))),
+                     e.bound.h(tok, c) + e.bound.alpha_null[tok] * to_double(smax) + kEvalAllowance);
         }
       }
     }
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
 
-/// The depth null routes to the running state (the most recent source) instead of zero.
-template <class T> Impl<T> depth_null_as_identity() {
-  return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
-             const DepthOptions& o) {
-    DepthRoute<T> r = attn_res_route<T>(s, g, p, k, o);
-    const index_t n = s.dim(0);
-    for (index_t t = 0; t < s.dim(1); ++t)
-      for (index_t c = 0; c < s.dim(2); ++c) r.h(t, c) += r.alpha_null[t] * s(n - 1, t, c);
-    return r;
-  }};
-}
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) { return {library_route<T>(b)}; }
+
+template <class T> Implementation<T> depth_null_as_identity(ScalarTag<T>) { return {route_with_null_as_identity<T>()}; }
 
 /// The null weight is not reported (alpha_null = 0) although Softmax1 weights are used.
-template <class T> Impl<T> null_weight_not_reported() {
+template <class T> Implementation<T> null_weight_not_reported(ScalarTag<T>) {
   return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
              const DepthOptions& o) {
     DepthRoute<T> r = attn_res_route<T>(s, g, p, k, o);
@@ -108,28 +100,18 @@ template <class T> Impl<T> null_weight_not_reported() {
 }  // namespace
 
 Check make_depth_null_decomposition() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "h - h_ref = sum_i alpha_i (s_i - h_ref) - alpha_null h_ref for any h_ref; sum alpha + alpha_null = 1; "
-                "h -> 0 as all depth logits -> -inf";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(Impl<T>{library_route<T>(b)}, cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "depth_null_as_identity", "h = sum alpha_i s_i + alpha_null s_{n-1}",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(depth_null_as_identity<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "null_weight_not_reported", "alpha_null reported as 0",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(null_weight_not_reported<T>(), cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "h - h_ref = sum_i alpha_i (s_i - h_ref) - alpha_null h_ref for any h_ref; sum alpha + alpha_null = 1; "
+             "h -> 0 as all depth logits -> -inf",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("depth_null_as_identity", "h = sum alpha_i s_i + alpha_null s_{n-1}",
+              [](auto scalar) { return depth_null_as_identity(scalar); })
+      .mutant("null_weight_not_reported", "alpha_null reported as 0",
+              [](auto scalar) { return null_weight_not_reported(scalar); })
+      .check();
 }
 
 }  // namespace oasis::checks

@@ -16,9 +16,9 @@ namespace {
 using namespace detail;
 
 const char* const kId = "lemma_5_1";
-const char* const kRef = "Lemma 5.1 (§5, App. C.1, Assumptions D.1, D.3)";
+const char* const kPaperRef = "Lemma 5.1 (§5, App. C.1, Assumptions D.1, D.3)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   AttentionFn<T> attention;  ///< token attention; the lemma is about plain softmax rows
   /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
   /// show that the equality case exposes a bound that is off by a constant.
@@ -60,7 +60,7 @@ template <class T> Instance random_instance(Rng& rng, bool tight) {
       if (j == in.o) {  // ||v_o|| <= c0
         const auto dir = rng.unit(dv);
         const double r = c0 * rng.uniform(0.0, 0.999);
-        for (int e = 0; e < dv; ++e) vj[static_cast<std::size_t>(e)] = rd<T>(r * dir[static_cast<std::size_t>(e)]);
+        for (int e = 0; e < dv; ++e) vj[static_cast<std::size_t>(e)] = rounded<T>(r * dir[static_cast<std::size_t>(e)]);
       } else {  // <v_j, u> = a >= c1 plus a component orthogonal to u
         const double a = c1 * 1.001 + rng.uniform(0.0, 2.0);
         auto w = rng.unit(dv);
@@ -68,7 +68,7 @@ template <class T> Instance random_instance(Rng& rng, bool tight) {
         for (int e = 0; e < dv; ++e) wu += w[static_cast<std::size_t>(e)] * in.u[static_cast<std::size_t>(e)];
         const double wscale = dv > 1 ? rng.uniform(0.0, 2.0) : 0.0;
         for (int e = 0; e < dv; ++e)
-          vj[static_cast<std::size_t>(e)] = rd<T>(a * in.u[static_cast<std::size_t>(e)] +
+          vj[static_cast<std::size_t>(e)] = rounded<T>(a * in.u[static_cast<std::size_t>(e)] +
                                                   wscale * (w[static_cast<std::size_t>(e)] - wu * in.u[static_cast<std::size_t>(e)]));
       }
       vmax = std::max(vmax, norm_of(vj));
@@ -88,84 +88,81 @@ template <class T> Instance random_instance(Rng& rng, bool tight) {
   for (int j = 0; j < m; ++j) if (j != in.o) se += std::exp(in.z[static_cast<std::size_t>(j)] - mx);
   in.z[static_cast<std::size_t>(in.o)] = std::log(p_o / (1.0 - p_o)) + mx + std::log(se);
   const double shift = rng.uniform(-30.0, 10.0);
-  for (double& x : in.z) x = rd<T>(x + shift);
+  for (double& x : in.z) x = rounded<T>(x + shift);
   return in;
 }
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   Rng rng(seed_for(cfg, kId));
   const int n = instances_for<T>(cfg);
   for (int it = 0; it < n; ++it) {
     const bool tight = it % 4 == 3;  // every fourth instance is an equality case
     const Instance in = random_instance<T>(rng, tight);
-    t.begin(it, tight);
+    run.begin_instance(it, tight);
     RowSpec spec{{in.z}, {in.v}, -1, RowNorm::softmax, {}};
-    const AttentionEval e = attend<T>(t, impl.attention, spec);
+    const AttentionEval e = attend<T>(run, impl.attention, spec);
     const index_t m = static_cast<index_t>(in.z.size()), dv = static_cast<index_t>(in.u.size());
-    // Assumptions, evaluated in R on the rounded instance: the tightest admissible c0, c1.
-    std::vector<R> u(in.u.begin(), in.u.end());
-    const R un = norm_of(u);
-    for (R& x : u) x /= un;
-    const R c0 = norm_of(std::vector<R>(in.v[static_cast<std::size_t>(in.o)].begin(), in.v[static_cast<std::size_t>(in.o)].end()));
-    R c1 = pos_inf<R>();
+    // Assumptions, evaluated in mp50 on the rounded instance: the tightest admissible c0, c1.
+    std::vector<mp50> u(in.u.begin(), in.u.end());
+    const mp50 un = norm_of(u);
+    for (mp50& x : u) x /= un;
+    const mp50 c0 = norm_of(std::vector<mp50>(in.v[static_cast<std::size_t>(in.o)].begin(), in.v[static_cast<std::size_t>(in.o)].end()));
+    mp50 c1 = pos_inf<mp50>();
     for (index_t j = 0; j < m; ++j) {
       if (j == in.o) continue;
-      R dot(0);
-      for (index_t c = 0; c < dv; ++c) dot += R(in.v[static_cast<std::size_t>(j)][static_cast<std::size_t>(c)]) * u[static_cast<std::size_t>(c)];
+      mp50 dot(0);
+      for (index_t c = 0; c < dv; ++c) dot += mp50(in.v[static_cast<std::size_t>(j)][static_cast<std::size_t>(c)]) * u[static_cast<std::size_t>(c)];
       c1 = std::min(c1, dot);
     }
-    if (!(c0 < c1)) { t.fail("construction", "separation c0 = ", dbl(c0), " < c1 = ", dbl(c1), " does not hold"); continue; }
-    const R delta = norm_of(last_axis(e.val.out, 0, dv));  // the smallest admissible delta
+    if (!(c0 < c1)) { run.fail("construction", "separation c0 = ", to_double(c0), " < c1 = ", to_double(c1), " does not hold"); continue; }
+    const mp50 delta = norm_of(last_axis(e.val.out, 0, dv));  // the smallest admissible delta
     const double delta_err = norm_of(last_axis(e.bound.out, 0, dv));
     // The construction guarantees ||A|| <= p_o c0 + (1 - p_o) V_max < c1 for softmax rows.
     // (1e-3 (c0 + c1) absorbs the rounding of the logits, which moves p_o slightly.)
-    if (!(dbl(delta) <= in.pmax_guarantee + 1e-3 * dbl(c0 + c1) + delta_err) || !(delta < c1)) {
-      t.fail("no-op target", "||A|| = ", dbl(delta), " exceeds the construction's guarantee ", in.pmax_guarantee,
-             " (c1 = ", dbl(c1), ")");
+    if (!(to_double(delta) <= in.pmax_guarantee + 1e-3 * to_double(c0 + c1) + delta_err) || !(delta < c1)) {
+      run.fail("no-op target", "||A|| = ", to_double(delta), " exceeds the construction's guarantee ", in.pmax_guarantee,
+               " (c1 = ", to_double(c1), ")");
       continue;
     }
-    const R p_o = e.val.probs(0, 0, 0, in.o);
-    const R rhs = impl.loosen * (c1 - delta) / (c0 + c1);
-    const double allowed = e.bound.probs(0, 0, 0, in.o) + delta_err / dbl(c0 + c1) + kEvalAllowance;
-    if (tight) t.tight_margin("p_o >= (c1 - delta)/(c0 + c1)", dbl(p_o - rhs), allowed);
-    else t.margin("p_o >= (c1 - delta)/(c0 + c1)", dbl(p_o - rhs), allowed);
+    const mp50 p_o = e.val.probs(0, 0, 0, in.o);
+    const mp50 rhs = impl.loosen * (c1 - delta) / (c0 + c1);
+    const double allowed = e.bound.probs(0, 0, 0, in.o) + delta_err / to_double(c0 + c1) + kEvalAllowance;
+    if (tight) run.tight_margin("p_o >= (c1 - delta)/(c0 + c1)", to_double(p_o - rhs), allowed);
+    else run.margin("p_o >= (c1 - delta)/(c0 + c1)", to_double(p_o - rhs), allowed);
   }
   // Counterexample: v = (u, -u), equal logits. A = 0 with p = (1/2, 1/2) and no sink; the
   // separation assumption fails for either choice of o (<v_other, u> = -1 < 1 = ||v_o||).
   for (int it = 0; it < 8; ++it) {
-    t.begin(n + it, false, "counterexample u, -u");
+    run.begin_instance(n + it, false, "counterexample u, -u");
     const int dv = rng.integer(1, 6);
     const auto uu = rng.unit(dv);
     std::vector<double> up(uu.size()), um(uu.size());
-    for (std::size_t c = 0; c < uu.size(); ++c) { up[c] = rd<T>(uu[c]); um[c] = -up[c]; }
-    const double zc = rd<T>(rng.uniform(-20.0, 20.0));
+    for (std::size_t c = 0; c < uu.size(); ++c) { up[c] = rounded<T>(uu[c]); um[c] = -up[c]; }
+    const double zc = rounded<T>(rng.uniform(-20.0, 20.0));
     RowSpec spec{{{zc, zc}}, {{up, um}}, -1, RowNorm::softmax, {}};
-    const AttentionEval e = attend<T>(t, impl.attention, spec);
-    const R a = norm_of(last_axis(e.val.out, 0, dv));
-    t.identity("||A|| = 0 for values (u, -u)", dbl(a), norm_of(last_axis(e.bound.out, 0, dv)) + kEvalAllowance);
+    const AttentionEval e = attend<T>(run, impl.attention, spec);
+    const mp50 a = norm_of(last_axis(e.val.out, 0, dv));
+    run.identity("||A|| = 0 for values (u, -u)", to_double(a), norm_of(last_axis(e.bound.out, 0, dv)) + kEvalAllowance);
     for (index_t j = 0; j < 2; ++j)
-      t.identity("p_j = 1/2 (no sink)", dbl(abs(e.val.probs(0, 0, 0, j) - R(0.5))), e.bound.probs(0, 0, 0, j) + kEvalAllowance);
+      run.identity("p_j = 1/2 (no sink)", to_double(abs(e.val.probs(0, 0, 0, j) - mp50(0.5))), e.bound.probs(0, 0, 0, j) + kEvalAllowance);
     // The assumption check itself: with u_hat = u/||u||, <v_2, u_hat> = -||u|| < ||v_1|| = ||u||.
-    const R nu = norm_of(std::vector<R>(up.begin(), up.end()));
-    R dot(0);
-    for (std::size_t c = 0; c < up.size(); ++c) dot += R(um[c]) * R(up[c]) / nu;
-    if (!(dot < nu)) t.fail("counterexample", "separation unexpectedly holds");
+    const mp50 nu = norm_of(std::vector<mp50>(up.begin(), up.end()));
+    mp50 dot(0);
+    for (std::size_t c = 0; c < up.size(); ++c) dot += mp50(um[c]) * mp50(up[c]) / nu;
+    if (!(dot < nu)) run.fail("counterexample", "separation unexpectedly holds");
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
 
-/// Rows normalised with a null category (Softmax1) where the lemma's softmax is meant.
-template <class T> Impl<T> softmax1_instead_of_softmax() {
-  return {[](const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const AttentionOptions& o) {
-    AttentionOptions o1 = o;
-    o1.normalizer = RowNorm::softmax1;
-    return token_attention<T>(q, k, v, o1);
-  }};
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) { return {library_attention<T>(b)}; }
+
+template <class T> Implementation<T> softmax1_instead_of_softmax(ScalarTag<T>) {
+  return {attention_with_normalizer<T>(RowNorm::softmax1)};
 }
 
 /// Off-by-one value loop: the output misses key 0's contribution (probabilities are right).
-template <class T> Impl<T> output_skips_first_key() {
+template <class T> Implementation<T> output_skips_first_key(ScalarTag<T>) {
   return {[](const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const AttentionOptions& o) {
     AttentionOptions o1 = o;
     o1.return_probs = true;
@@ -182,39 +179,19 @@ template <class T> Impl<T> output_skips_first_key() {
 }  // namespace
 
 Check make_lemma_5_1() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "softmax rows with ||v_o|| <= c0 < c1 <= <v_j,u> and ||A|| <= delta < c1 give p_o >= (c1-delta)/(c0+c1); "
-                "values (u,-u) reach A = 0 with p = 1/2 (separation is essential)";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(Impl<T>{library_attention<T>(b)}, cfg, t);
-    });
-  };
-  c.mutants.push_back({"softmax1_instead_of_softmax", "token rows normalised with a null category (mass leaks to null)",
-                       [](const CheckConfig& cfg) {
-                         return run_mutant(kId, kRef, cfg, [&](auto tag, Tally& t) {
-                           using T = typename decltype(tag)::type;
-                           body<T>(softmax1_instead_of_softmax<T>(), cfg, t);
-                         });
-                       }});
-  c.mutants.push_back({"output_skips_first_key", "off-by-one value loop: A misses p_0 v_0",
-                       [](const CheckConfig& cfg) {
-                         return run_mutant(kId, kRef, cfg, [&](auto tag, Tally& t) {
-                           using T = typename decltype(tag)::type;
-                           body<T>(output_skips_first_key<T>(), cfg, t);
-                         });
-                       }});
-  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "lower bound 0.9 (c1 - delta)/(c0 + c1): the equality case must expose it",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  Impl<T> m{library_attention<T>()};
-                                  m.loosen = 0.9;
-                                  body<T>(m, cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "softmax rows with ||v_o|| <= c0 < c1 <= <v_j,u> and ||A|| <= delta < c1 give p_o >= (c1-delta)/(c0+c1); "
+             "values (u,-u) reach A = 0 with p = 1/2 (separation is essential)",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("softmax1_instead_of_softmax", "token rows normalised with a null category (mass leaks to null)",
+              [](auto scalar) { return softmax1_instead_of_softmax(scalar); })
+      .mutant("output_skips_first_key", "off-by-one value loop: A misses p_0 v_0",
+              [](auto scalar) { return output_skips_first_key(scalar); })
+      .loosened_bound(0.9, "lower bound 0.9 (c1 - delta)/(c0 + c1): the equality case must expose it")
+      .check();
 }
 
 }  // namespace oasis::checks

@@ -15,9 +15,9 @@ namespace {
 using namespace detail;
 
 const char* const kId = "lemma_5_2";
-const char* const kRef = "Lemma 5.2 (§5, App. C.4, Assumption D.2)";
+const char* const kPaperRef = "Lemma 5.2 (§5, App. C.4, Assumption D.2)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   AttentionFn<T> attention;  ///< the branches' token attention (sink masses)
   RouteFn<T> route;          ///< the depth weights
   /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
@@ -25,7 +25,7 @@ template <class T> struct Impl {
   double loosen = 1.0;
 };
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   using std::abs; using std::exp;
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
@@ -41,7 +41,7 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     for (int l = 0; l < L; ++l) {
       const double boost = rng.uniform(0.0, 6.0), shift = rng.uniform(-10.0, 5.0);
       for (int j = 0; j < m; ++j)
-        z[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)] = rd<T>(rng.normal(2.0) + (j < k0 ? boost : 0.0) + shift);
+        z[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)] = rounded<T>(rng.normal(2.0) + (j < k0 ? boost : 0.0) + shift);
       if (tight && l > 0) z[static_cast<std::size_t>(l)] = z[0];
     }
     RouteSpec spec;
@@ -49,76 +49,75 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     spec.d = 1;
     const double gshift = rng.uniform(-8.0, 8.0);
     for (int l = 0; l < L; ++l) {
-      spec.sources.push_back(rd<T>(rng.normal(1.0)));
-      spec.g_old.push_back(rd<T>(rng.normal(2.0) + gshift));
+      spec.sources.push_back(rounded<T>(rng.normal(1.0)));
+      spec.g_old.push_back(rounded<T>(rng.normal(2.0) + gshift));
       spec.psi.push_back(0.0);
       spec.kinds.push_back(l == 0 ? SourceKind::initial : SourceKind::attention);
     }
     spec.opt.normalizer = depth_null ? RowNorm::softmax1 : RowNorm::softmax;
     spec.opt.coupling = false;
-    t.begin(it, tight, std::string("token ") + std::string(to_string(token_norm)) + ", depth " +
+    run.begin_instance(it, tight, std::string("token ") + std::string(to_string(token_norm)) + ", depth " +
                            std::string(to_string(spec.opt.normalizer)));
-    const AttentionEval a = attend<T>(t, impl.attention, RowSpec{z, v, -1, token_norm, {}});
-    const RouteEval e = route<T>(t, impl.route, spec);
+    const AttentionEval a = attend<T>(run, impl.attention, RowSpec{z, v, -1, token_norm, {}});
+    const RouteEval e = route<T>(run, impl.route, spec);
 
-    std::vector<R> sigma(static_cast<std::size_t>(L));
+    std::vector<mp50> sigma(static_cast<std::size_t>(L));
     std::vector<double> b_sigma(static_cast<std::size_t>(L), 0.0);
-    R Sigma(0);
+    mp50 Sigma(0);
     double b_Sigma = kEvalAllowance;
     index_t lmax = 0, lmin = 0, lstar = 0;
     for (index_t l = 0; l < L; ++l) {
-      R s(0);
+      mp50 s(0);
       for (index_t j = 0; j < k0; ++j) { s += a.val.probs(0, l, 0, j); b_sigma[static_cast<std::size_t>(l)] += a.bound.probs(0, l, 0, j); }
       sigma[static_cast<std::size_t>(l)] = s;
       Sigma += e.val.alpha(l, 0) * s;
-      b_Sigma += e.bound.alpha(l, 0) * dbl(s) + dbl(e.val.alpha(l, 0)) * b_sigma[static_cast<std::size_t>(l)];
+      b_Sigma += e.bound.alpha(l, 0) * to_double(s) + to_double(e.val.alpha(l, 0)) * b_sigma[static_cast<std::size_t>(l)];
       if (s > sigma[static_cast<std::size_t>(lmax)]) lmax = l;
       if (s < sigma[static_cast<std::size_t>(lmin)]) lmin = l;
       if (e.val.alpha(l, 0) > e.val.alpha(lstar, 0)) lstar = l;
     }
-    const R smax = sigma[static_cast<std::size_t>(lmax)], smin = sigma[static_cast<std::size_t>(lmin)];
+    const mp50 smax = sigma[static_cast<std::size_t>(lmax)], smin = sigma[static_cast<std::size_t>(lmin)];
     const double b_max = b_Sigma + b_sigma[static_cast<std::size_t>(lmax)], b_min = b_Sigma + b_sigma[static_cast<std::size_t>(lmin)];
     // the null weight by its definition, from the (exact) logits
-    R denom(depth_null ? 1 : 0);
-    for (double g : spec.g_old) denom += exp(R(g));
-    const R a_null = depth_null ? R(1) / denom : R(0);
-    R total = e.val.alpha_null[0];
+    mp50 denom(depth_null ? 1 : 0);
+    for (double g : spec.g_old) denom += exp(mp50(g));
+    const mp50 a_null = depth_null ? mp50(1) / denom : mp50(0);
+    mp50 total = e.val.alpha_null[0];
     double b_total = e.bound.alpha_null[0] + kEvalAllowance;
     for (index_t l = 0; l < L; ++l) { total += e.val.alpha(l, 0); b_total += e.bound.alpha(l, 0); }
-    t.identity("sum_l alpha_l + alpha_null = 1", dbl(abs(total - 1)), b_total);
-    t.identity("alpha_null = 1 / (1 + sum_r e^{g_r})", dbl(abs(e.val.alpha_null[0] - a_null)), e.bound.alpha_null[0] + kEvalAllowance);
-    const R keep = 1 - a_null, up_keep = keep * R(impl.loosen), lo_keep = keep / R(impl.loosen);
+    run.identity("sum_l alpha_l + alpha_null = 1", to_double(abs(total - 1)), b_total);
+    run.identity("alpha_null = 1 / (1 + sum_r e^{g_r})", to_double(abs(e.val.alpha_null[0] - a_null)), e.bound.alpha_null[0] + kEvalAllowance);
+    const mp50 keep = 1 - a_null, up_keep = keep * mp50(impl.loosen), lo_keep = keep / mp50(impl.loosen);
     const char* up = depth_null ? "Sigma <= (1 - alpha_null) max sigma" : "Sigma <= max sigma";
     const char* lo = depth_null ? "Sigma >= (1 - alpha_null) min sigma" : "Sigma >= min sigma";
     if (tight) {
-      t.tight_margin(up, dbl(up_keep * smax - Sigma), b_max);
-      t.tight_margin(lo, dbl(Sigma - lo_keep * smin), b_min);
+      run.tight_margin(up, to_double(up_keep * smax - Sigma), b_max);
+      run.tight_margin(lo, to_double(Sigma - lo_keep * smin), b_min);
     } else {
-      t.margin(up, dbl(up_keep * smax - Sigma), b_max);
-      t.margin(lo, dbl(Sigma - lo_keep * smin), b_min);
+      run.margin(up, to_double(up_keep * smax - Sigma), b_max);
+      run.margin(lo, to_double(Sigma - lo_keep * smin), b_min);
     }
-    const R as = e.val.alpha(lstar, 0);
-    t.margin("after collapse: |Sigma - sigma_{l*}| <= 1 - alpha_{l*}",
-             dbl((1 - as) - abs(Sigma - sigma[static_cast<std::size_t>(lstar)])),
-             b_Sigma + b_sigma[static_cast<std::size_t>(lstar)] + e.bound.alpha(lstar, 0));
+    const mp50 as = e.val.alpha(lstar, 0);
+    run.margin("after collapse: |Sigma - sigma_{l*}| <= 1 - alpha_{l*}",
+               to_double((1 - as) - abs(Sigma - sigma[static_cast<std::size_t>(lstar)])),
+               b_Sigma + b_sigma[static_cast<std::size_t>(lstar)] + e.bound.alpha(lstar, 0));
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
+
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) {
+  return {library_attention<T>(b), library_route<T>(b)};
+}
 
 /// Plain softmax over depth where Softmax1 is configured (no depth null category).
-template <class T> Impl<T> depth_softmax_instead_of_softmax1() {
-  return {library_attention<T>(), [](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p,
-                                     const std::vector<SourceKind>& k, const DepthOptions& o) {
-            DepthOptions o1 = o;
-            o1.normalizer = RowNorm::softmax;
-            return attn_res_route<T>(s, g, p, k, o1);
-          }};
+template <class T> Implementation<T> depth_softmax_instead_of_softmax1(ScalarTag<T>) {
+  return {library_attention<T>(), route_with_normalizer<T>(RowNorm::softmax)};
 }
 
 /// The null logit is dropped from the denominator of the real weights (alpha = softmax(g)), while
 /// alpha_null is still reported as 1 / (1 + sum e^g).
-template <class T> Impl<T> null_dropped_from_denominator() {
+template <class T> Implementation<T> null_dropped_from_denominator(ScalarTag<T>) {
   return {library_attention<T>(), [](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p,
                                      const std::vector<SourceKind>& k, const DepthOptions& o) {
             DepthRoute<T> r = attn_res_route<T>(s, g, p, k, o);
@@ -136,36 +135,19 @@ template <class T> Impl<T> null_dropped_from_denominator() {
 }  // namespace
 
 Check make_lemma_5_2() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "Sigma = sum alpha_l sigma_l lies in [min sigma, max sigma] (softmax depth) and in "
-                "(1 - alpha_null) [min sigma, max sigma] (Softmax1 depth); |Sigma - sigma_{l*}| <= 1 - alpha_{l*}";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(Impl<T>{library_attention<T>(b), library_route<T>(b)}, cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "depth_softmax_instead_of_softmax1", "no depth null category",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(depth_softmax_instead_of_softmax1<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "null_dropped_from_denominator",
-                                "alpha = softmax(g) but alpha_null = 1/(1 + sum e^g) reported",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(null_dropped_from_denominator<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "bounds 1.1 max sigma and min sigma / 1.1: the equality case must expose them",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  Impl<T> m{library_attention<T>(), library_route<T>()};
-                                  m.loosen = 1.1;
-                                  body<T>(m, cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "Sigma = sum alpha_l sigma_l lies in [min sigma, max sigma] (softmax depth) and in "
+             "(1 - alpha_null) [min sigma, max sigma] (Softmax1 depth); |Sigma - sigma_{l*}| <= 1 - alpha_{l*}",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("depth_softmax_instead_of_softmax1", "no depth null category",
+              [](auto scalar) { return depth_softmax_instead_of_softmax1(scalar); })
+      .mutant("null_dropped_from_denominator", "alpha = softmax(g) but alpha_null = 1/(1 + sum e^g) reported",
+              [](auto scalar) { return null_dropped_from_denominator(scalar); })
+      .loosened_bound(1.1, "bounds 1.1 max sigma and min sigma / 1.1: the equality case must expose them")
+      .check();
 }
 
 }  // namespace oasis::checks

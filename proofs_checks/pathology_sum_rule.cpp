@@ -20,14 +20,14 @@ namespace {
 using namespace detail;
 
 const char* const kId = "pathology_sum_rule";
-const char* const kRef = "Definitions 5.1, 5.2 and Proposition 5.1 (§5, App. C.2, Assumption D.4)";
+const char* const kPaperRef = "Definitions 5.1, 5.2 and Proposition 5.1 (§5, App. C.2, Assumption D.4)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   std::function<T(const Vec<T>&, const Mat<T>&, const std::vector<bool>&, const T&, const T&)> score;
   std::function<T(const Vec<T>&, const std::vector<bool>&, const T&, const T&)> vanilla;
 };
 
-template <class T> Impl<T> library_impl() {
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend) {
   return {[](const Vec<T>& a, const Mat<T>& p, const std::vector<bool>& N, const T& l1, const T& l2) {
             return pathology_score<T>(a, p, N, l1, l2);
           },
@@ -36,32 +36,32 @@ template <class T> Impl<T> library_impl() {
           }};
 }
 
-/// The three terms by their definitions, in R, plus the magnitudes the error bound needs.
+/// The three terms by their definitions, in mp50, plus the magnitudes the error bound needs.
 struct Terms {
-  R L, C, E;
-  R entropy_mass;  ///< H(alpha) + sum_l alpha_l H(p_l) >= 0
+  mp50 L, C, E;
+  mp50 entropy_mass;  ///< H(alpha) + sum_l alpha_l H(p_l) >= 0
 };
 
-inline R entropy_R(const std::vector<R>& x) {
+inline mp50 entropy_mp50(const std::vector<mp50>& x) {
   using std::log;
-  R h(0);
-  for (const R& v : x) if (v > 0) h -= v * log(v);
+  mp50 h(0);
+  for (const mp50& v : x) if (v > 0) h -= v * log(v);
   return h;
 }
 
-inline Terms terms_R(const std::vector<R>& alpha, const std::vector<std::vector<R>>& q, const std::vector<bool>& N) {
-  Terms t{R(0), R(0), R(0), R(0)};
-  const R Ha = entropy_R(alpha);
+inline Terms terms_mp50(const std::vector<mp50>& alpha, const std::vector<std::vector<mp50>>& q, const std::vector<bool>& N) {
+  Terms t{mp50(0), mp50(0), mp50(0), mp50(0)};
+  const mp50 Ha = entropy_mp50(alpha);
   t.E = -Ha;
   t.entropy_mass = Ha;
   for (std::size_t l = 0; l < alpha.size(); ++l) {
-    R leak(0);
+    mp50 leak(0);
     for (std::size_t j = 0; j < q[l].size(); ++j) {
       if (N[j]) leak += q[l][j];
       if (alpha[l] * q[l][j] > t.C) t.C = alpha[l] * q[l][j];
     }
     t.L += alpha[l] * leak;
-    const R Hl = entropy_R(q[l]);
+    const mp50 Hl = entropy_mp50(q[l]);
     t.E -= alpha[l] * Hl;
     t.entropy_mass += alpha[l] * Hl;
   }
@@ -72,12 +72,12 @@ inline Terms terms_R(const std::vector<R>& alpha, const std::vector<std::vector<
 template <class T> double score_bound(const Terms& t, int L, int m, double l1, double l2) {
   const double u = bounds::Precision::of<T>().u;
   return bounds::kSecondOrder * u *
-             ((m + L + 4) * dbl(t.L) + 4 * l1 * dbl(t.C) + l2 * (m + L + 8) * dbl(t.entropy_mass)) *
-             ref_factor<T>() +
+             ((m + L + 4) * to_double(t.L) + 4 * l1 * to_double(t.C) + l2 * (m + L + 8) * to_double(t.entropy_mass)) *
+             mp50_rounding_factor<T>() +
          (1 + l1 + l2) * 1e3 * static_cast<double>(std::numeric_limits<T>::min());
 }
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
   for (int it = 0; it < count; ++it) {
@@ -116,18 +116,18 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     };
     auto [alpha, Q] = build(L, false);
     auto to_terms = [&](const Vec<T>& a, const Mat<T>& q) {
-      std::vector<R> aR;
-      std::vector<std::vector<R>> qR;
+      std::vector<mp50> alpha_mp;
+      std::vector<std::vector<mp50>> q_mp;
       for (index_t l = 0; l < a.size(); ++l) {
-        aR.push_back(to_R(a[l]));
-        qR.emplace_back();
-        for (index_t j = 0; j < q.cols(); ++j) qR.back().push_back(to_R(q(l, j)));
+        alpha_mp.push_back(to_mp50(a[l]));
+        q_mp.emplace_back();
+        for (index_t j = 0; j < q.cols(); ++j) q_mp.back().push_back(to_mp50(q(l, j)));
       }
-      return terms_R(aR, qR, N);
+      return terms_mp50(alpha_mp, q_mp, N);
     };
-    std::vector<R> pR;
-    for (int j = 0; j < m; ++j) pR.push_back(to_R(p[j]));
-    const Terms V = terms_R({R(1)}, {pR}, N);
+    std::vector<mp50> p_mp;
+    for (int j = 0; j < m; ++j) p_mp.push_back(to_mp50(p[j]));
+    const Terms V = terms_mp50({mp50(1)}, {p_mp}, N);
     Terms A = to_terms(alpha, Q);
     const bool assumption = A.L >= V.L && A.C >= V.C && A.E >= V.E;
     if (!assumption) {  // collapsed depth: alpha = (1) on one majorising row
@@ -135,30 +135,30 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       std::tie(alpha, Q) = build(1, true);
       A = to_terms(alpha, Q);
     }
-    t.begin(it, tight, "L = " + std::to_string(L));
+    run.begin_instance(it, tight, "L = " + std::to_string(L));
     if (!(A.L >= V.L && A.C >= V.C && A.E >= V.E)) {
-      t.fail("construction", "Assumption D.4 does not hold on the constructed instance: L ", dbl(A.L - V.L), ", C ",
-             dbl(A.C - V.C), ", E ", dbl(A.E - V.E));
+      run.fail("construction", "Assumption D.4 does not hold on the constructed instance: L ", to_double(A.L - V.L), ", C ",
+               to_double(A.C - V.C), ", E ", to_double(A.E - V.E));
       continue;
     }
     const T l1T(l1), l2T(l2);
-    const R S_ar = to_R(impl.score(alpha, Q, N, l1T, l2T));
-    const R S_v = to_R(impl.vanilla(p, N, l1T, l2T));
+    const mp50 S_ar = to_mp50(impl.score(alpha, Q, N, l1T, l2T));
+    const mp50 S_v = to_mp50(impl.vanilla(p, N, l1T, l2T));
     const double b_ar = score_bound<T>(A, L, m, l1, l2), b_v = score_bound<T>(V, 1, m, l1, l2);
     using std::abs;
     // the library's scores against the definitions evaluated in mp50 (worst_error)
-    t.error("Definition 5.1: S = L + lambda1 C + lambda2 E", dbl(abs(S_ar - (A.L + l1 * A.C + l2 * A.E))), b_ar + kEvalAllowance);
-    t.error("Definition 5.2: S^V = L^V + lambda1 C^V + lambda2 E^V", dbl(abs(S_v - (V.L + l1 * V.C + l2 * V.E))),
-            b_v + kEvalAllowance);
-    if (tight) t.tight_margin("Proposition 5.1 sum rule: S^AR >= S^V", dbl(S_ar - S_v), b_ar + b_v + kEvalAllowance);
-    else t.margin("Proposition 5.1 sum rule: S^AR >= S^V", dbl(S_ar - S_v), b_ar + b_v + kEvalAllowance);
+    run.error("Definition 5.1: S = L + lambda1 C + lambda2 E", to_double(abs(S_ar - (A.L + l1 * A.C + l2 * A.E))), b_ar + kEvalAllowance);
+    run.error("Definition 5.2: S^V = L^V + lambda1 C^V + lambda2 E^V", to_double(abs(S_v - (V.L + l1 * V.C + l2 * V.E))),
+              b_v + kEvalAllowance);
+    if (tight) run.tight_margin("Proposition 5.1 sum rule: S^AR >= S^V", to_double(S_ar - S_v), b_ar + b_v + kEvalAllowance);
+    else run.margin("Proposition 5.1 sum rule: S^AR >= S^V", to_double(S_ar - S_v), b_ar + b_v + kEvalAllowance);
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
 
-template <class T> Impl<T> entropy_sign_flipped() {
-  Impl<T> m = library_impl<T>();
+template <class T> Implementation<T> entropy_sign_flipped(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
   m.score = [](const Vec<T>& a, const Mat<T>& p, const std::vector<bool>& N, const T& l1, const T& l2) {
     const PathologyTerms<T> t = pathology_terms<T>(a, p, N);
     return t.leakage + l1 * t.concentration - l2 * t.entropy_collapse;
@@ -166,8 +166,8 @@ template <class T> Impl<T> entropy_sign_flipped() {
   return m;
 }
 
-template <class T> Impl<T> leakage_not_depth_weighted() {
-  Impl<T> m = library_impl<T>();
+template <class T> Implementation<T> leakage_not_depth_weighted(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
   m.score = [](const Vec<T>& a, const Mat<T>& p, const std::vector<bool>& N, const T& l1, const T& l2) {
     const PathologyTerms<T> t = pathology_terms<T>(a, p, N);
     T leak(0);
@@ -178,8 +178,8 @@ template <class T> Impl<T> leakage_not_depth_weighted() {
   return m;
 }
 
-template <class T> Impl<T> concentration_ignores_depth() {
-  Impl<T> m = library_impl<T>();
+template <class T> Implementation<T> concentration_ignores_depth(ScalarTag<T> scalar) {
+  Implementation<T> m = library_implementation(scalar, Backend::reference);
   m.score = [](const Vec<T>& a, const Mat<T>& p, const std::vector<bool>& N, const T& l1, const T& l2) {
     const PathologyTerms<T> t = pathology_terms<T>(a, p, N);
     T c(0);
@@ -193,33 +193,20 @@ template <class T> Impl<T> concentration_ignores_depth() {
 }  // namespace
 
 Check make_pathology_sum_rule() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "pathology_score / vanilla_pathology_score equal their definitions; L, C, E dominance with "
-                "lambda >= 0 gives S^AR >= S^V (equality when collapsed onto the vanilla row)";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, false, [&](auto tag, Backend, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(library_impl<T>(), cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "entropy_sign_flipped", "S = L + lambda1 C - lambda2 E",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(entropy_sign_flipped<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "leakage_not_depth_weighted", "L = sum_l sum_{j in N} p_lj",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(leakage_not_depth_weighted<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "concentration_ignores_depth", "C = max_{l,j} p_lj",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(concentration_ignores_depth<T>(), cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "pathology_score / vanilla_pathology_score equal their definitions; L, C, E dominance with "
+             "lambda >= 0 gives S^AR >= S^V (equality when collapsed onto the vanilla row)",
+             BackendCoverage::reference_only,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("entropy_sign_flipped", "S = L + lambda1 C - lambda2 E",
+              [](auto scalar) { return entropy_sign_flipped(scalar); })
+      .mutant("leakage_not_depth_weighted", "L = sum_l sum_{j in N} p_lj",
+              [](auto scalar) { return leakage_not_depth_weighted(scalar); })
+      .mutant("concentration_ignores_depth", "C = max_{l,j} p_lj",
+              [](auto scalar) { return concentration_ignores_depth(scalar); })
+      .check();
 }
 
 }  // namespace oasis::checks

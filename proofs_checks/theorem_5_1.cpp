@@ -13,16 +13,16 @@ namespace {
 using namespace detail;
 
 const char* const kId = "theorem_5_1";
-const char* const kRef = "Theorem 5.1 (§5, App. C.3)";
+const char* const kPaperRef = "Theorem 5.1 (§5, App. C.3)";
 
-template <class T> struct Impl {
+template <class T> struct Implementation {
   RouteFn<T> route;  ///< depth routing; the theorem is about softmax depth weights
   /// Factor applied to the statement's bound (1 = the paper's). Only the teeth tests change it, to
   /// show that the equality case exposes a bound that is off by a constant.
   double loosen = 1.0;
 };
 
-template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally& t) {
+template <class T> void check_statement(const Implementation<T>& impl, const CheckConfig& cfg, CheckRun& run) {
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
   for (int it = 0; it < count; ++it) {
@@ -70,14 +70,14 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
       a_star = amin + (1.0 - amin) * rng.uniform(0.05, 0.95);
       guarantee = a_star * b0 * 1.01 + (1.0 - a_star) * umax;
     }
-    for (double& x : href) x = rd<T>(x);
+    for (double& x : href) x = rounded<T>(x);
     RouteSpec spec;
     spec.n = n;
     spec.d = d;
     spec.sources.resize(static_cast<std::size_t>(n * d));
     for (int i = 0; i < n; ++i)
       for (int c = 0; c < d; ++c)
-        spec.sources[static_cast<std::size_t>(i * d + c)] = rd<T>(href[static_cast<std::size_t>(c)] + u[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)]);
+        spec.sources[static_cast<std::size_t>(i * d + c)] = rounded<T>(href[static_cast<std::size_t>(c)] + u[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)]);
     // logits: the others random, g_{i*} placed for softmax weight a_star; common shift
     spec.g_old.assign(static_cast<std::size_t>(n), 0.0);
     double mx = -1e300, se = 0;
@@ -85,68 +85,65 @@ template <class T> void body(const Impl<T>& impl, const CheckConfig& cfg, Tally&
     for (int i = 0; i < n; ++i) if (i != istar) se += std::exp(spec.g_old[static_cast<std::size_t>(i)] - mx);
     spec.g_old[static_cast<std::size_t>(istar)] = std::log(a_star / (1 - a_star)) + mx + std::log(se);
     const double shift = rng.uniform(-30.0, 10.0);
-    for (double& x : spec.g_old) x = rd<T>(x + shift);
+    for (double& x : spec.g_old) x = rounded<T>(x + shift);
     spec.psi.assign(static_cast<std::size_t>(n), 0.0);
     spec.kinds.assign(static_cast<std::size_t>(n), SourceKind::attention);
     spec.kinds[0] = SourceKind::initial;
     spec.opt.normalizer = RowNorm::softmax;
     spec.opt.coupling = false;
-    t.begin(it, tight);
-    const RouteEval e = route<T>(t, impl.route, spec);
+    run.begin_instance(it, tight);
+    const RouteEval e = route<T>(run, impl.route, spec);
 
-    // Assumption constants of the rounded instance, in R.
-    std::vector<R> wR(w.begin(), w.end());
-    const R wn = norm_of(wR);
-    for (R& x : wR) x /= wn;
-    std::vector<std::vector<R>> uR(static_cast<std::size_t>(n), std::vector<R>(static_cast<std::size_t>(d)));
+    // Assumption constants of the rounded instance, in mp50.
+    std::vector<mp50> w_mp(w.begin(), w.end());
+    const mp50 wn = norm_of(w_mp);
+    for (mp50& x : w_mp) x /= wn;
+    std::vector<std::vector<mp50>> u_mp(static_cast<std::size_t>(n), std::vector<mp50>(static_cast<std::size_t>(d)));
     for (int i = 0; i < n; ++i)
       for (int c = 0; c < d; ++c)
-        uR[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)] = R(spec.sources[static_cast<std::size_t>(i * d + c)]) - R(href[static_cast<std::size_t>(c)]);
-    const R B0 = norm_of(uR[static_cast<std::size_t>(istar)]);
-    R B1 = pos_inf<R>();
+        u_mp[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)] = mp50(spec.sources[static_cast<std::size_t>(i * d + c)]) - mp50(href[static_cast<std::size_t>(c)]);
+    const mp50 B0 = norm_of(u_mp[static_cast<std::size_t>(istar)]);
+    mp50 B1 = pos_inf<mp50>();
     for (int i = 0; i < n; ++i) {
       if (i == istar) continue;
-      R dot(0);
-      for (int c = 0; c < d; ++c) dot += uR[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)] * wR[static_cast<std::size_t>(c)];
+      mp50 dot(0);
+      for (int c = 0; c < d; ++c) dot += u_mp[static_cast<std::size_t>(i)][static_cast<std::size_t>(c)] * w_mp[static_cast<std::size_t>(c)];
       B1 = std::min(B1, dot);
     }
-    if (!(B0 < B1)) { t.fail("construction", "separation b0 = ", dbl(B0), " < b1 = ", dbl(B1), " fails"); continue; }
-    std::vector<R> dh(static_cast<std::size_t>(d));
+    if (!(B0 < B1)) { run.fail("construction", "separation b0 = ", to_double(B0), " < b1 = ", to_double(B1), " fails"); continue; }
+    std::vector<mp50> dh(static_cast<std::size_t>(d));
     std::vector<double> dh_err(static_cast<std::size_t>(d));
     for (int c = 0; c < d; ++c) {
-      dh[static_cast<std::size_t>(c)] = e.val.h(0, c) - R(href[static_cast<std::size_t>(c)]);
+      dh[static_cast<std::size_t>(c)] = e.val.h(0, c) - mp50(href[static_cast<std::size_t>(c)]);
       dh_err[static_cast<std::size_t>(c)] = e.bound.h(0, c);
     }
-    const R delta = norm_of(dh);
+    const mp50 delta = norm_of(dh);
     const double delta_err = norm_of(dh_err);
     // (1e-3 (b0 + b1) absorbs the rounding of the logits, which moves alpha_{i*} slightly.)
-    if (!(dbl(delta) <= guarantee + 1e-3 * dbl(B0 + B1) + delta_err) || !(delta < B1)) {
-      t.fail("no-op target", "||h - h_ref|| = ", dbl(delta), " exceeds the construction's guarantee ", guarantee,
-             " (b1 = ", dbl(B1), ")");
+    if (!(to_double(delta) <= guarantee + 1e-3 * to_double(B0 + B1) + delta_err) || !(delta < B1)) {
+      run.fail("no-op target", "||h - h_ref|| = ", to_double(delta), " exceeds the construction's guarantee ", guarantee,
+               " (b1 = ", to_double(B1), ")");
       continue;
     }
-    const R a = e.val.alpha(istar, 0);
-    const R rhs = impl.loosen * (B1 - delta) / (B0 + B1);
-    const double allowed = e.bound.alpha(istar, 0) + delta_err / dbl(B0 + B1) + kEvalAllowance;
-    if (tight) t.tight_margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", dbl(a - rhs), allowed);
-    else t.margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", dbl(a - rhs), allowed);
+    const mp50 a = e.val.alpha(istar, 0);
+    const mp50 rhs = impl.loosen * (B1 - delta) / (B0 + B1);
+    const double allowed = e.bound.alpha(istar, 0) + delta_err / to_double(B0 + B1) + kEvalAllowance;
+    if (tight) run.tight_margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", to_double(a - rhs), allowed);
+    else run.margin("alpha_{i*} >= (b1 - delta_t)/(b0 + b1)", to_double(a - rhs), allowed);
   }
 }
 
-// ---- mutants -------------------------------------------------------------------------------------
+// ---- the library and the mutants -----------------------------------------------------------------
+
+template <class T> Implementation<T> library_implementation(ScalarTag<T>, Backend b) { return {library_route<T>(b)}; }
 
 /// Depth Softmax1 where the theorem's softmax is configured (weights no longer sum to 1).
-template <class T> Impl<T> softmax1_instead_of_softmax() {
-  return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
-             const DepthOptions& o) {
-    DepthOptions o1 = o;
-    o1.normalizer = RowNorm::softmax1;
-    return attn_res_route<T>(s, g, p, k, o1);
-  }};
+template <class T> Implementation<T> softmax1_instead_of_softmax(ScalarTag<T>) {
+  return {route_with_normalizer<T>(RowNorm::softmax1)};
 }
 
 /// Sources mixed in reverse order (weight of candidate i applied to source n-1-i).
-template <class T> Impl<T> sources_reversed() {
+template <class T> Implementation<T> sources_reversed(ScalarTag<T>) {
   return {[](const Tensor<T>& s, const Tensor<T>& g, const Tensor<T>& p, const std::vector<SourceKind>& k,
              const DepthOptions& o) {
     DepthRoute<T> r = attn_res_route<T>(s, g, p, k, o);
@@ -164,35 +161,19 @@ template <class T> Impl<T> sources_reversed() {
 }  // namespace
 
 Check make_theorem_5_1() {
-  Check c;
-  c.id = kId;
-  c.paper_ref = kRef;
-  c.statement = "softmax depth weights with ||u_{i*}|| <= b0 < b1 <= <u_i,w> and ||sum alpha_i u_i|| <= delta_t < b1 "
-                "give alpha_{i*} >= (b1-delta_t)/(b0+b1)";
-  c.run = [](const CheckConfig& cfg) {
-    return run_check(kId, kRef, cfg, true, [&](auto tag, Backend b, Tally& t) {
-      using T = typename decltype(tag)::type;
-      body<T>(Impl<T>{library_route<T>(b)}, cfg, t);
-    });
-  };
-  c.mutants.push_back(mutant_of(kId, kRef, "softmax1_instead_of_softmax", "depth weights with a null category",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(softmax1_instead_of_softmax<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "sources_reversed", "weight of candidate i applied to source n-1-i",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  body<T>(sources_reversed<T>(), cfg, t);
-                                }));
-  c.mutants.push_back(mutant_of(kId, kRef, "bound_loosened_10_percent", "lower bound 0.9 (b1 - delta_t)/(b0 + b1): the equality case must expose it",
-                                [](auto tag, const CheckConfig& cfg, Tally& t) {
-                                  using T = typename decltype(tag)::type;
-                                  Impl<T> m{library_route<T>()};
-                                  m.loosen = 0.9;
-                                  body<T>(m, cfg, t);
-                                }));
-  return c;
+  return define_check(
+             kId, kPaperRef,
+             "softmax depth weights with ||u_{i*}|| <= b0 < b1 <= <u_i,w> and ||sum alpha_i u_i|| <= delta_t < b1 "
+             "give alpha_{i*} >= (b1-delta_t)/(b0+b1)",
+             BackendCoverage::every_available,
+             [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
+             [](auto scalar, Backend b) { return library_implementation(scalar, b); })
+      .mutant("softmax1_instead_of_softmax", "depth weights with a null category",
+              [](auto scalar) { return softmax1_instead_of_softmax(scalar); })
+      .mutant("sources_reversed", "weight of candidate i applied to source n-1-i",
+              [](auto scalar) { return sources_reversed(scalar); })
+      .loosened_bound(0.9, "lower bound 0.9 (b1 - delta_t)/(b0 + b1): the equality case must expose it")
+      .check();
 }
 
 }  // namespace oasis::checks

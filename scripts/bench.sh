@@ -3,7 +3,7 @@
 # writes docs/benchmarks.md: machine, date, load, the performance targets, the tables, and the notes
 # (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them. A second run with
 # one thread (fast kernels and ceilings only) adds ratios from process CPU time, which a busy
-# shared machine does not distort.
+# shared machine distorts less (docs/benchmarks.md, "Measurement conditions").
 #
 #   scripts/bench.sh                      # build dir: $OASIS_BUILD_DIR or build-bench
 #   OASIS_BENCH_THREADS=2 scripts/bench.sh --benchmark_filter=Attention   # extra args go to the CPU binary

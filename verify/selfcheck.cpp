@@ -13,6 +13,7 @@
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
 #include "oasis/oasis.hpp"
+#include "oasis/verify/policy.hpp"
 
 #include "check.hpp"
 
@@ -20,12 +21,12 @@ namespace oasis::verify {
 namespace {
 
 constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
-const char* kParityRef = "SPEC §2-4, kernel policy (docs/verify.md)";
+const char* kParityRef = "SPEC §2-4, tolerance policy (docs/verify.md)";
 
 // ---------------------------------------------------------------------------------------------
-// parity: every available backend (float) against the mp50 oracle on the same float inputs.
-// Policy (the project's kernel policy): |x - ref| <= 0.5 ulp_f32(ref) + 2 B_f32, with B_f32 the
-// derived bound of the plain float reference (oasis/error_bounds.hpp).
+// parity: every available backend (float) against the mp50 oracle on the same float inputs, under
+// the compare engine's policy with D = f32 (oasis/verify/policy.hpp), B the derived bound of the
+// plain float reference.
 
 struct AttentionCase {
   std::string id;
@@ -90,83 +91,69 @@ Tensor<float> randn(Shape s, std::mt19937_64& rng, double sd = 1.0) {
   return t;
 }
 
-/// max over elements of |x - ref| / (0.5 ulp_f32(ref) + 2 B); +inf on a shape mismatch or NaN.
-double parity_ratio(const Tensor<float>& got, const Tensor<mp50>& ref, const Tensor<double>& plain, std::string* where,
-                    const std::string& name) {
-  if (got.shape() != ref.shape()) {
-    if (where->empty()) *where = name + ": shape " + shape_str(got.shape()) + " vs oracle " + shape_str(ref.shape());
-    return std::numeric_limits<double>::infinity();
-  }
-  double worst = 0;
-  for (index_t i = 0; i < got.size(); ++i) {
-    const double rd = static_cast<double>(ref[i]);
-    const double bound = 0.5 * io::dtype_ulp(io::DType::f32, rd) + 2.0 * plain[i];
-    double err;
-    if (is_finite(ref[i])) err = std::isfinite(got[i]) ? static_cast<double>(abs(mp50(got[i]) - ref[i])) : INFINITY;
-    else err = static_cast<double>(got[i]) == rd ? 0.0 : INFINITY;
-    if (std::isnan(got[i])) err = INFINITY;
-    const double r = err / bound;
-    if (r > worst) {
-      worst = r;
-      if (r > 1 && where->empty())
-        *where = name + " flat index " + std::to_string(i) + ": got " + std::to_string(got[i]) + " ref " + std::to_string(rd);
+/// One float output of a backend under the policy: the row keeps the worst |err| / bound (+inf for
+/// a shape mismatch), fails on any violation and keeps the first one for its message.
+void check_output(SelfcheckRow& row, const std::string& name, const Tensor<float>& got, const Tensor<mp50>& ref,
+                  const Tensor<double>& plain) {
+  const TensorReport t = compare_tensor(name, io::StoredTensor{io::DType::f32, got.cast<double>()}, ref, plain, 1);
+  row.worst_error = std::max(row.worst_error, t.problem.empty() ? t.worst_ratio : std::numeric_limits<double>::infinity());
+  if (!t.passed && row.passed) row.message = t.problem.empty() ? t.first_mismatches.front() : name + ": " + t.problem;
+  row.passed = row.passed && t.passed;
+}
+
+/// One parity row: `instance(rng, row)` draws an instance, runs the backend and checks its outputs
+/// with check_output; an exception fails the row with its message.
+template <class Instance>
+SelfcheckRow parity_row(const std::string& id, Backend b, int instances, std::uint64_t seed, const char* pass_message,
+                        Instance instance) {
+  SelfcheckRow row{id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
+  try {
+    for (int i = 0; i < instances; ++i) {
+      auto rng = rng_for(seed, row.check, i);
+      instance(rng, row);
+      ++row.instances;
     }
+    if (row.passed) row.message = pass_message;
+  } catch (const std::exception& e) {
+    row.passed = false;
+    row.message = e.what();
   }
-  return worst;
+  return row;
 }
 
 SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, std::uint64_t seed) {
-  SelfcheckRow row{"parity.attention." + c.id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
-  std::string where;
-  try {
-    for (int i = 0; i < instances; ++i) {
-      auto rng = rng_for(seed, row.check, i);
-      Tensor<float> q = randn({c.B, c.H, c.Tq, c.d}, rng, c.logit_scale), k = randn({c.B, c.H_kv, c.Tk, c.d}, rng),
-                    v = randn({c.B, c.H_kv, c.Tk, c.d}, rng);
-      AttentionOptions ro = c.opt;
-      ro.return_probs = true;
-      const AttentionResult<mp50> ref = token_attention(q.cast<mp50>(), k.cast<mp50>(), v.cast<mp50>(), ro);
-      const bounds::AttentionBounds bd = bounds::attention_bounds(q, k, v, ro, ref);
-      const AttentionResult<float> got = token_attention(b, q, k, v, c.opt);
-      row.worst_error = std::max({row.worst_error, parity_ratio(got.out, ref.out, bd.out, &where, "out"),
-                                  parity_ratio(got.lse, ref.lse, bd.lse, &where, "lse"),
-                                  parity_ratio(got.p_null, ref.p_null, bd.p_null, &where, "p_null")});
-      ++row.instances;
-    }
-    row.passed = row.worst_error <= 1.0;
-    row.message = row.passed ? "out, lse, p_null within 0.5 ulp + 2x the plain float bound" : where;
-  } catch (const std::exception& e) {
-    row.passed = false;
-    row.message = e.what();
-  }
-  return row;
+  return parity_row("parity.attention." + c.id, b, instances, seed,
+                    "out, lse, p_null within 0.5 ulp + 2x the plain float bound",
+                    [&](std::mt19937_64& rng, SelfcheckRow& row) {
+                      Tensor<float> q = randn({c.B, c.H, c.Tq, c.d}, rng, c.logit_scale),
+                                    k = randn({c.B, c.H_kv, c.Tk, c.d}, rng), v = randn({c.B, c.H_kv, c.Tk, c.d}, rng);
+                      AttentionOptions ro = c.opt;
+                      ro.return_probs = true;
+                      const AttentionResult<mp50> ref = token_attention(q.cast<mp50>(), k.cast<mp50>(), v.cast<mp50>(), ro);
+                      const bounds::AttentionBounds bd = bounds::attention_bounds(q, k, v, ro, ref);
+                      const AttentionResult<float> got = token_attention(b, q, k, v, c.opt);
+                      check_output(row, "out", got.out, ref.out, bd.out);
+                      check_output(row, "lse", got.lse, ref.lse, bd.lse);
+                      check_output(row, "p_null", got.p_null, ref.p_null, bd.p_null);
+                    });
 }
 
 SelfcheckRow depth_parity(const DepthCase& c, Backend b, int instances, std::uint64_t seed) {
-  SelfcheckRow row{"parity.depth." + c.id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
-  std::string where;
-  try {
-    for (int i = 0; i < instances; ++i) {
-      auto rng = rng_for(seed, row.check, i);
-      const Tensor<float> src = randn({c.n, c.N, c.d}, rng), g_old = randn({c.n, c.N}, rng, 2.0);
-      Tensor<float> psi({c.n, c.N});
-      std::uniform_real_distribution<double> ud(0.0, 1.0);
-      for (index_t j = 0; j < psi.size(); ++j) psi[j] = static_cast<float>(ud(rng));
-      const DepthRoute<mp50> ref = attn_res_route(src.cast<mp50>(), g_old.cast<mp50>(), psi.cast<mp50>(), c.kinds, c.opt);
-      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, g_old, psi, c.kinds, c.opt, ref);
-      const DepthRoute<float> got = attn_res_route(b, src, g_old, psi, c.kinds, c.opt);
-      row.worst_error = std::max({row.worst_error, parity_ratio(got.h, ref.h, bd.h, &where, "h"),
-                                  parity_ratio(got.alpha, ref.alpha, bd.alpha, &where, "alpha"),
-                                  parity_ratio(got.alpha_null, ref.alpha_null, bd.alpha_null, &where, "alpha_null")});
-      ++row.instances;
-    }
-    row.passed = row.worst_error <= 1.0;
-    row.message = row.passed ? "h, alpha, alpha_null within 0.5 ulp + 2x the plain float bound" : where;
-  } catch (const std::exception& e) {
-    row.passed = false;
-    row.message = e.what();
-  }
-  return row;
+  return parity_row("parity.depth." + c.id, b, instances, seed,
+                    "h, alpha, alpha_null within 0.5 ulp + 2x the plain float bound",
+                    [&](std::mt19937_64& rng, SelfcheckRow& row) {
+                      const Tensor<float> src = randn({c.n, c.N, c.d}, rng), g_old = randn({c.n, c.N}, rng, 2.0);
+                      Tensor<float> psi({c.n, c.N});
+                      std::uniform_real_distribution<double> ud(0.0, 1.0);
+                      for (index_t j = 0; j < psi.size(); ++j) psi[j] = static_cast<float>(ud(rng));
+                      const DepthRoute<mp50> ref =
+                          attn_res_route(src.cast<mp50>(), g_old.cast<mp50>(), psi.cast<mp50>(), c.kinds, c.opt);
+                      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, g_old, psi, c.kinds, c.opt, ref);
+                      const DepthRoute<float> got = attn_res_route(b, src, g_old, psi, c.kinds, c.opt);
+                      check_output(row, "h", got.h, ref.h, bd.h);
+                      check_output(row, "alpha", got.alpha, ref.alpha, bd.alpha);
+                      check_output(row, "alpha_null", got.alpha_null, ref.alpha_null, bd.alpha_null);
+                    });
 }
 
 bool selected(const std::vector<std::string>& only, const std::string& id) {

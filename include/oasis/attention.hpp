@@ -76,7 +76,6 @@ struct AttentionShape {
   index_t B, H, H_kv, Tq, Tk, d_h, d_v;
 };
 
-/// Validates shapes, GQA divisibility, lengths and options; throws naming the argument.
 namespace detail {
 /// Dimensions of a rank-4 tensor in the [B, H, T, d] order, whatever its layout.
 template <class T>

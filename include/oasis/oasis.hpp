@@ -12,7 +12,8 @@
 //   metrics.hpp     kurtosis, max |x|, BOS mass, entropy, null mass, sink rate (SPEC §6)
 //   quant.hpp       fake quantisation (W8A8 / W6A6 / W4A4 presets)
 // Separate includes: oasis/model/model.hpp (the AttnRes transformer), oasis/io/*.hpp (npy,
-// safetensors), and, included here, oasis/pathology.hpp (Definition 5.1/5.2 scores).
+// safetensors), oasis/verify/*.hpp (the compare engine, target oasis::verify); included here,
+// oasis/pathology.hpp (Definition 5.1/5.2 scores). The layers: docs/architecture.md.
 #pragma once
 
 #include "oasis/attention.hpp"

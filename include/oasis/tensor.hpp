@@ -1,10 +1,7 @@
 // oasis/tensor.hpp — a small dense, row-major (C order) tensor: shape + contiguous storage.
 //
-// Layout conventions used across the library (documented in docs/api.md):
-//   attention q [B, H, Tq, d_h], k/v [B, H_kv, Tk, d_h]; outputs [B, H, Tq, d_v];
-//   per-row statistics (LSE1, p_null) [B, H, Tq]; probabilities [B, H, Tq, Tk];
-//   depth sources [n, N, d] (n candidates, N tokens), depth logits/weights [n, N].
 // C order matches NumPy/PyTorch contiguous tensors, so a user's buffer maps in without copies.
+// Which shape each function takes: docs/conventions.md ("tensor layout") and its header.
 #pragma once
 
 #include <algorithm>

@@ -21,6 +21,7 @@
 #include "oasis/normalizer.hpp"
 #include "oasis/depth.hpp"
 #include "oasis/verify/compare.hpp"
+#include "oasis/verify/policy.hpp"
 
 namespace oasis::verify::detail {
 
@@ -110,11 +111,6 @@ std::string join_names(const std::vector<std::string>& names);
 const StoredTensor& need(const TensorMap& m, const std::string& name, const std::string& op);
 /// An optional tensor, nullptr when absent.
 const StoredTensor* maybe(const TensorMap& m, const std::string& name);
-
-/// One tensor under the policy |x - ref| <= 0.5 ulp_D(ref) + 2 plain (plain: B_i(D), same shape
-/// as ref; ignored when the shapes differ, which fails the tensor).
-TensorReport compare_tensor(const std::string& name, const StoredTensor& got, const Ref& ref,
-                            const Tensor<double>& plain, int show);
 
 /// Unit roundoff of a stored dtype.
 inline double unit_roundoff(DType d) { return io::dtype_eps(d) / 2; }

@@ -27,10 +27,8 @@ std::string num(double x) {
 
 }  // namespace
 
-namespace detail {
-
-TensorReport compare_tensor(const std::string& name, const StoredTensor& got, const Ref& ref, const Tensor<double>& plain,
-                            int show) {
+TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got, const Tensor<mp50>& ref,
+                            const Tensor<double>& plain, int show) {
   TensorReport r;
   r.name = name;
   r.dtype = got.dtype;
@@ -70,8 +68,6 @@ TensorReport compare_tensor(const std::string& name, const StoredTensor& got, co
   r.passed = r.violations == 0;
   return r;
 }
-
-}  // namespace detail
 
 std::string format_report(const CompareReport& r) {
   std::ostringstream os;

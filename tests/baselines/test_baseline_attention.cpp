@@ -13,6 +13,7 @@
 #include "oasis/baselines.hpp"
 #include "oasis/instances.hpp"
 #include "oasis/multiprecision.hpp"
+#include "oasis_mp.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;
@@ -22,10 +23,10 @@ using oasis::test::randn;
 
 using R = mp50;
 
-namespace {
+using oasis::test::kMpTol;
+using oasis::test::mp_abs;
 
-const R kMpTol = R(1e-40);
-R mp_abs(const R& x) { return x < 0 ? R(-x) : x; }
+namespace {
 
 struct Case {
   index_t B, H, H_kv, Tq, Tk, d;

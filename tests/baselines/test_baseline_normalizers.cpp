@@ -18,9 +18,11 @@
 
 #include "oasis/multiprecision.hpp"
 #include "oasis/normalizer.hpp"
+#include "oasis_mp.hpp"
 
 using namespace oasis;
 using R = mp50;
+using oasis::test::mp_abs;
 
 namespace {
 
@@ -52,8 +54,6 @@ NormParams gen_params() {
   np.zeta = 1.0 + *rc::gen::inRange(0, 52) / 256.0;
   return np;
 }
-
-R mp_abs(const R& x) { return x < 0 ? R(-x) : x; }
 
 /// The exact result of a normaliser on a row, from its definition, with what the bounds need.
 struct Ref {

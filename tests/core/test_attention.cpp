@@ -8,6 +8,7 @@
 
 using namespace oasis;
 using R = mp50;
+using test::thrown_argument;
 
 namespace {
 
@@ -176,37 +177,29 @@ TEST(Attention, FullyMaskedRowsGiveZeroOutputNeverNaN) {
 }
 
 TEST(Attention, BadInputNamesTheArgument) {
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const oasis::invalid_argument& e) {
-      return e.argument();
-    }
-    return "<no exception>";
-  };
   const Tensor<double> q({1, 4, 3, 8}), k({1, 2, 3, 8}), v({1, 2, 3, 8});
-  EXPECT_EQ(arg_of([&] { token_attention(q, Tensor<double>({1, 3, 3, 8}), Tensor<double>({1, 3, 3, 8})); }), "k");  // 3 ∤ 4
-  EXPECT_EQ(arg_of([&] { token_attention(q, Tensor<double>({1, 2, 3, 7}), v); }), "k");
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, Tensor<double>({1, 2, 2, 8})); }), "v");
-  EXPECT_EQ(arg_of([&] { token_attention(Tensor<double>({1, 4, 8}), k, v); }), "q");
-  EXPECT_EQ(arg_of([&] { token_attention(Tensor<double>({1, 4, 0, 8}), k, v); }), "q");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, Tensor<double>({1, 3, 3, 8}), Tensor<double>({1, 3, 3, 8})); }), "k");  // 3 ∤ 4
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, Tensor<double>({1, 2, 3, 7}), v); }), "k");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, Tensor<double>({1, 2, 2, 8})); }), "v");
+  EXPECT_EQ(thrown_argument([&] { token_attention(Tensor<double>({1, 4, 8}), k, v); }), "q");
+  EXPECT_EQ(thrown_argument([&] { token_attention(Tensor<double>({1, 4, 0, 8}), k, v); }), "q");
   AttentionOptions o;
   o.key_lengths = {-1};
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "key_lengths");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "key_lengths");
   o.key_lengths = {1, 2};
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "key_lengths");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "key_lengths");
   AttentionOptions o2;
   o2.null_logits = {0.0, 0.0};
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o2); }), "null_logits");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o2); }), "null_logits");
   Tensor<double> qn = q;
   qn[5] = std::nan("");
-  EXPECT_EQ(arg_of([&] { token_attention(qn, k, v); }), "q");
+  EXPECT_EQ(thrown_argument([&] { token_attention(qn, k, v); }), "q");
   Tensor<double> vi = v;
   vi[2] = pos_inf<double>();
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, vi); }), "v");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, vi); }), "v");
   AttentionOptions o3;
   o3.scale = -1.0;
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o3); }), "scale");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o3); }), "scale");
 }
 
 // SPEC §8: a sliding window, an additive bias and the [B, T, H, d] layout.
@@ -306,30 +299,22 @@ TEST(Attention, WindowBiasAndLayoutWithinTheDerivedBound) {
 }
 
 TEST(Attention, BadWindowBiasAndLayoutNameTheArgument) {
-  auto arg_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const oasis::invalid_argument& e) {
-      return e.argument();
-    }
-    return "<no exception>";
-  };
   const Tensor<double> q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4});
   AttentionOptions o;
   o.window = -1;
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "window");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "window");
   o = {};
   o.bias = Tensor<double>({3, 4});  // Tk = 5
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "bias");
   o.bias = Tensor<double>({2, 2, 3, 5});  // batch 2 against B = 1
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "bias");
   o.bias = Tensor<double>({3, 5});
   o.bias[4] = std::nan("");
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "bias");
   o.bias[4] = pos_inf<double>();
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "bias");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "bias");
   o = {};
   o.layout = AttentionLayout::bthd;  // q [B, Tq=2, H=3, d]: 3 heads against 5 kv heads
-  EXPECT_EQ(arg_of([&] { token_attention(q, k, v, o); }), "k");
-  EXPECT_EQ(arg_of([] { parse_attention_layout("bhdt"); }), "layout");
+  EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o); }), "k");
+  EXPECT_EQ(thrown_argument([] { parse_attention_layout("bhdt"); }), "layout");
 }

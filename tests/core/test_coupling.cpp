@@ -6,15 +6,17 @@
 #include "core_gen.hpp"
 #include "oasis/error_bounds.hpp"
 #include "oasis/oasis.hpp"
+#include "oasis_mp.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;
 using R = mp50;
 using K = SourceKind;
 
+using oasis::test::kMpTol;
+using oasis::test::mp_abs;
+
 namespace {
-const R kMpTol = R(1e-40);
-R mp_abs(const R& x) { return x < 0 ? R(-x) : x; }
 
 // Candidates of target layer l in Full AttnRes with attention-only sources: initial + (l-1) branches.
 std::vector<SourceKind> attention_kinds(int n) {
@@ -311,9 +313,8 @@ TEST(Variants, TableOfSpecSection4) {
 }
 
 // An absent optional tensor (the default Tensor, e.g. no key gain) stays absent through cast<>():
-// the high-precision reference of a call without a gain is a call without a gain. (Found when
-// the CUDA pseudo-query parity test first ran, on the CUDA emulator: cast<mp50>() of the default
-// tensor used to give a rank-0 tensor of one element, which pseudo_query_logits rejects.)
+// the high-precision reference of a call without a gain is a call without a gain, where a rank-0
+// tensor of one element would be a gain of the wrong size that pseudo_query_logits rejects.
 TEST(Tensor, DefaultTensorCastsToTheDefaultTensor) {
   const Tensor<float> none;
   EXPECT_TRUE(none.empty());

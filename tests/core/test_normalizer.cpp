@@ -6,6 +6,7 @@
 #include "core_gen.hpp"
 #include "oasis/error_bounds.hpp"
 #include "oasis/oasis.hpp"
+#include "oasis_mp.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;
@@ -13,15 +14,8 @@ using oasis::test::gen_logits;
 using oasis::test::to_vec;
 using R = mp50;
 
-namespace {
-
-// In mp50 an identity holds to ~1e-49 relative; 1e-40 leaves room for exp/log of 50-digit
-// arithmetic on values up to e^{±40} while failing any real mistake by ~30 orders of magnitude.
-const R kMpTol = R(1e-40);
-
-R mp_abs(const R& x) { return x < 0 ? R(-x) : x; }
-
-}  // namespace
+using oasis::test::kMpTol;
+using oasis::test::mp_abs;
 
 RC_GTEST_PROP(NormalizerProperty, Softmax1IsSoftmaxOverZAndNullLogit, ()) {
   const auto z = gen_logits(12, 30, true);

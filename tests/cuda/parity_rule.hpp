@@ -1,14 +1,6 @@
-// tests/cuda/parity_rule.hpp — the acceptance rule of a backend against the high-precision oracle
-// (docs/cuda.md, "Tolerances"), and the attention instances of the parity tests.
-//
-// For every element x of an output (out, LSE, p_null, probabilities, routed state, weights ...),
-// with x_hp the high-precision result (oasis::mp50, or long double for the 8k-key case) on the
-// same float inputs, x_ref the plain float reference (token_attention<float>, attn_res_route<float>)
-// and b the derived first-order bound of a float evaluation (oasis/error_bounds.hpp):
-//
-//     |x - x_hp| <= 2 |x_ref - x_hp| + b
-//
-// i.e. at most twice the reference's realised error plus the rounding floor b.
+// tests/cuda/parity_rule.hpp — the kernel parity rule (bounds::check_parity; derivation in
+// docs/tolerances.md, "Fused kernels") as a GoogleTest assertion, and the attention instances of
+// the parity tests.
 #pragma once
 
 #include <gtest/gtest.h>

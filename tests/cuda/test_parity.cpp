@@ -1,7 +1,7 @@
 // CUDA backend: parity of every backend with the high-precision oracle. The test bodies
 // are written once and parameterised over the backends (reference, cpu_fast, cuda); a backend
-// that is not available in this process skips with its reason. The rule (parity_rule.hpp):
-// |x - x_hp| <= 2 |x_ref - x_hp| + b, b the derived float bound of oasis/error_bounds.hpp.
+// that is not available in this process skips with its reason. Every assertion is the kernel
+// parity rule (parity_rule.hpp; docs/tolerances.md, "Fused kernels").
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

@@ -27,6 +27,7 @@ using oasis::model_test::random_model;
 using oasis::model_test::tiny;
 using oasis::model_test::tokens;
 using oasis::test::exactly_equal;
+using oasis::test::thrown_argument;
 
 namespace {
 
@@ -344,12 +345,7 @@ TEST(ModelBaselines, ErrorBoundWithBaselinesOrQuantisationIsRejected) {
     om::ForwardOptions fo;
     fo.error_u = oasis::unit_roundoff<float>();
     fo.quant = q;
-    try {
-      om::Model<double>::initialized(c, 1).forward(ids, kB, kT, fo);
-    } catch (const oasis::invalid_argument& e) {
-      return e.argument();
-    }
-    return "(no error)";
+    return thrown_argument([&] { om::Model<double>::initialized(c, 1).forward(ids, kB, kT, fo); });
   };
   EXPECT_EQ(arg(cfg, &qc), "error_u");
   om::ModelConfig g = cfg;

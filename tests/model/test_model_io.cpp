@@ -19,20 +19,11 @@ using oasis::model_test::random_model;
 using oasis::model_test::tiny;
 using oasis::model_test::tokens;
 using oasis::test::exactly_equal;
+using oasis::test::thrown_argument;
 
 namespace {
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "oasis_model_" + name + ".safetensors"; }
-
-template <class F>
-std::string error_argument(F&& f) {
-  try {
-    f();
-  } catch (const oasis::invalid_argument& e) {
-    return e.argument();
-  }
-  return "(no error)";
-}
 
 template <class T>
 void round_trip(const om::ModelConfig& cfg, std::uint64_t seed) {
@@ -75,7 +66,7 @@ TEST(ModelIo, MissingMisShapedNonFiniteAndUnexpectedTensorsAreNamed) {
   const auto meta = om::config_metadata(c);
   auto write_and_load = [&](const oio::TensorMap& t) {
     oio::write_safetensors(path, t, meta);
-    return error_argument([&] { om::load_model<double>(path); });
+    return thrown_argument([&] { om::load_model<double>(path); });
   };
   for (const std::string name : {"layers.1.mlp_res.query", "lm_head.weight", "layers.0.attn.k_proj.weight"}) {
     oio::TensorMap t = good;
@@ -95,7 +86,7 @@ TEST(ModelIo, MissingMisShapedNonFiniteAndUnexpectedTensorsAreNamed) {
   auto m2 = meta;
   m2.erase("oasis.d_model");
   oio::write_safetensors(path, good, m2);
-  EXPECT_EQ(error_argument([&] { om::load_model<double>(path); }), "oasis.d_model");
+  EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "oasis.d_model");
   std::remove(path.c_str());
 }
 
@@ -113,6 +104,6 @@ TEST(ModelIo, RenameMapsExternalNames) {
   oio::write_safetensors(path, ext);
   const auto back = om::load_model<double>(c, path, rename);
   for (const auto& [name, t] : m.parameters()) EXPECT_TRUE(exactly_equal(name, back.param(name), t));
-  EXPECT_EQ(error_argument([&] { om::load_model<double>(c, path); }), "embed_tokens.weight");  // no rename: missing
+  EXPECT_EQ(thrown_argument([&] { om::load_model<double>(c, path); }), "embed_tokens.weight");  // no rename: missing
   std::remove(path.c_str());
 }

@@ -21,6 +21,7 @@ using oasis::SourceKind;
 using oasis::Tensor;
 using oasis::Variant;
 using oasis::test::exactly_equal;
+using oasis::test::thrown_argument;
 
 namespace {
 
@@ -434,32 +435,28 @@ TEST(ModelDecode, IncrementalEqualsFullForward) {
 TEST(ModelErrors, BadInputNamesTheArgument) {
   const om::ModelConfig c = tiny(Variant::oasis, om::RouterFamily::kimi_full, 2);
   const auto m = om::Model<double>::initialized(c, 30);
-  auto arg_of = [](auto&& f) -> std::string {
-    try { f(); } catch (const oasis::invalid_argument& e) { return e.argument(); }
-    return "(no error)";
-  };
-  EXPECT_EQ(arg_of([&] { m.forward({1, 2, 99}, 1, 3); }), "ids");
-  EXPECT_EQ(arg_of([&] { m.forward({1, 2}, 1, 3); }), "ids");
-  EXPECT_EQ(arg_of([&] { m.forward_embeddings(Tensor<double>({1, 2, 5})); }), "x");
-  EXPECT_EQ(arg_of([&] { m.forward_embeddings(Tensor<double>({1, 2, 8}, std::nan(""))); }), "x");
-  EXPECT_EQ(arg_of([&] { m.param("layers.7.attn.q_proj.weight"); }), "layers.7.attn.q_proj.weight");
+  EXPECT_EQ(thrown_argument([&] { m.forward({1, 2, 99}, 1, 3); }), "ids");
+  EXPECT_EQ(thrown_argument([&] { m.forward({1, 2}, 1, 3); }), "ids");
+  EXPECT_EQ(thrown_argument([&] { m.forward_embeddings(Tensor<double>({1, 2, 5})); }), "x");
+  EXPECT_EQ(thrown_argument([&] { m.forward_embeddings(Tensor<double>({1, 2, 8}, std::nan(""))); }), "x");
+  EXPECT_EQ(thrown_argument([&] { m.param("layers.7.attn.q_proj.weight"); }), "layers.7.attn.q_proj.weight");
   om::Model<double> mm = m;
-  EXPECT_EQ(arg_of([&] { mm.set_param("norm.weight", Tensor<double>({3})); }), "norm.weight");
+  EXPECT_EQ(thrown_argument([&] { mm.set_param("norm.weight", Tensor<double>({3})); }), "norm.weight");
   om::ModelConfig bad = c;
   bad.n_kv_heads = 3;
-  EXPECT_EQ(arg_of([&] { bad.validate(); }), "n_kv_heads");
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "n_kv_heads");
   bad = c;
   bad.router = om::RouterFamily::authors_code;
   bad.readout = om::Readout::final_attnres;
-  EXPECT_EQ(arg_of([&] { bad.validate(); }), "readout");
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "readout");
   bad = c;
   bad.block_size = 0;
-  EXPECT_EQ(arg_of([&] { bad.validate(); }), "block_size");
-  EXPECT_EQ(arg_of([&] { om::parse_router_family("kimi"); }), "router");
-  EXPECT_EQ(arg_of([&] { om::parse_readout("mean"); }), "readout");
-  EXPECT_EQ(arg_of([&] { om::parse_rope_layout("neox"); }), "rope");
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "block_size");
+  EXPECT_EQ(thrown_argument([&] { om::parse_router_family("kimi"); }), "router");
+  EXPECT_EQ(thrown_argument([&] { om::parse_readout("mean"); }), "readout");
+  EXPECT_EQ(thrown_argument([&] { om::parse_rope_layout("neox"); }), "rope");
   om::Decoder<double> dec(m, 2);
-  EXPECT_EQ(arg_of([&] { dec.step_embeddings(Tensor<double>({1, 1, 8})); }), "x");
+  EXPECT_EQ(thrown_argument([&] { dec.step_embeddings(Tensor<double>({1, 1, 8})); }), "x");
 }
 
 // Any token normaliser of the core passes through AttentionOptions::normalizer (here the

@@ -3,7 +3,7 @@
 //  * reproducible random tensors (oasis_random.hpp, shared with the benchmarks);
 //  * comparison against a reference under a per-element bound that reports the count of
 //    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult;
-//  * the argument named by the oasis::invalid_argument a call throws.
+//  * the argument that a rejected call names (bad input must name the offending argument).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -71,15 +71,15 @@ template <class T>
   return within_bound<T, T>(name, a, b, [](index_t, double) { return 0.0; });
 }
 
-/// The argument named by the oasis::invalid_argument that f() throws, or "<nothing thrown>".
-template <class F>
-std::string thrown_argument(F&& f) {
+/// The argument named by the oasis::invalid_argument that f() throws; "(no error)" when f() returns
+/// (any other exception propagates).
+template <class F> std::string thrown_argument(F&& f) {
   try {
     f();
-  } catch (const invalid_argument& e) {
+  } catch (const oasis::invalid_argument& e) {
     return e.argument();
   }
-  return "<nothing thrown>";
+  return "(no error)";
 }
 
 }  // namespace oasis::test

@@ -1,20 +1,6 @@
-// tests/support/parity_bound.hpp — the acceptance criterion of the fast CPU path,
-// shared by the parity tests and the benchmarks' pre-timing validation (no GoogleTest here).
-//
-// For every output element x (out, LSE, p_null, probabilities), with x_mp the oasis::mp50 result
-// on the same float inputs, x_ref the plain float reference (token_attention<float>) and b_ref
-// the derived per-element bound of that reference (oasis/error_bounds.hpp):
-//
-//     |x_fast - x_mp| <= 2 |x_ref - x_mp| + b_ref                                      (*)
-//
-// i.e. at most twice the reference's realised error plus a rounding floor. The floor is b_ref,
-// the first-order worst case of any evaluation in float under the same error model; the fused
-// kernel stays inside that model with the constants derived in docs/benchmarks.md (scores: a
-// d_h-term dot product, as the reference; exp: the polynomial's measured error <= 2 ulp against
-// the model's 1 ulp, covered by the factor 2; sums: at most kBk + ceil(m/kBk) + 1 roundings per
-// term instead of the reference's m; the online rescale multiplies the output and the sum by the
-// same rounded factor, so its rounding cancels in out = O / l and only the products' roundings
-// (one per tile) remain, inside the same count).
+// tests/support/parity_bound.hpp — the kernel parity rule (bounds::check_parity; derivation in
+// docs/tolerances.md, "Fused kernels") over every output of an attention call, shared by the
+// cpu_fast tests and the benchmarks' validation before timing (no GoogleTest here).
 #pragma once
 
 #include "oasis/error_bounds.hpp"
@@ -22,7 +8,6 @@
 
 namespace oasis::fast_parity {
 
-/// (*) is bounds::check_parity (oasis/error_bounds.hpp), shared with the CUDA parity tests.
 using Outcome = bounds::ParityOutcome;
 
 /// Check every output of an attention call; `mp` must hold probabilities (return_probs = true),

@@ -11,7 +11,7 @@
 // the first-order worst case of any evaluation in float under the same error model; the fused
 // kernel stays inside that model with the constants derived in docs/benchmarks.md (scores: a
 // d_h-term dot product, as the reference; exp: the polynomial's measured error <= 2 ulp against
-// the model's 1 ulp, covered by the factor 2; sums: at most kBk + ceil(m/kBk) + 1 roundings per
+// the model's 1 ulp, covered by the factor 2; sums: at most kKeyTile + ceil(m/kKeyTile) + 1 roundings per
 // term instead of the reference's m; the online rescale multiplies the output and the sum by the
 // same rounded factor, so its rounding cancels in out = O / l and only the products' roundings
 // (one per tile) remain, inside the same count).

@@ -9,7 +9,7 @@
 // oasis/online_softmax.hpp (start, rescale, weight, finish: the null category folded in once per
 // row; rows with no visible key give its exact start-state results). A tile that holds no visible
 // key of a query is skipped for that query; the others get -inf at their masked lanes.
-// Logits are z = scale * <q, k> (+ bias, read per tile from global memory in float32: one
+// Logits are z = scale * <q, k> (+ bias, staged per tile in shared memory beside the keys: one
 // coalesced row segment per query) with the dot product summed in c order (as the reference); a
 // logit that overflows to NaN or +inf is reported through bad_score (the host wrapper throws as
 // the reference does). exp/log are the accurate expf/logf (no fast-math), so the error stays at
@@ -69,11 +69,9 @@ __device__ __forceinline__ online::KeySpan<int> key_span(const AttentionLaunch& 
   return online::key_span<int>(len, a.causal, a.window, t, a.Tq, a.Tk);
 }
 
-/// z = scale * dot (+ bias of (b, h, t, j)): the reference's operations and roundings.
-__device__ __forceinline__ float logit(const AttentionLaunch& a, float dot, int b, int h, int t, int j) {
-  float z = dot * a.scale;
-  if (a.bias) z += a.bias[b * a.bias_sb + h * a.bias_sh + static_cast<long long>(t) * a.bias_st + j];
-  return z;
+/// Offset of the bias row of (b, h, t): its key j is at a.bias[bias_at(a, b, h, t) + j].
+__device__ __forceinline__ long long bias_at(const AttentionLaunch& a, int b, int h, int t) {
+  return b * a.bias_sb + h * a.bias_sh + static_cast<long long>(t) * a.bias_st;
 }
 
 template <class In, int D>
@@ -85,6 +83,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
   __shared__ __align__(16) float Qs[kQueryTile][D];
   __shared__ __align__(16) float Ks[kKeyTile][D + 4];
   __shared__ __align__(16) float Vs[kKeyTile][D];
+  __shared__ float Bs[kQueryTile][kKeyTile];         // the bias tile (when there is a bias)
+  __shared__ online::KeySpan<int> vis[kQueryTile];  // visible keys of each query (shared: no registers)
 
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kQueryTile;
   const int hk = h / (a.H / a.H_kv);
@@ -104,14 +104,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
   const int kbegin = key_span(a, len, q0).begin / kKeyTile * kKeyTile;
   const int kend = key_span(a, len, min(q0 + kQueryTile, a.Tq) - 1).end;
   const float s_null = a.softmax1 ? (a.null_logits ? a.null_logits[h] : 0.0f) : -INFINITY;
+  if (tid < kQueryTile) vis[tid] = q0 + tid < a.Tq ? key_span(a, len, q0 + tid) : online::KeySpan<int>{0, 0};
 
   online::State row[kQPerWarp];
   float o[kQPerWarp][R];
-  online::KeySpan<int> vis[kQPerWarp];
 #pragma unroll
   for (int i = 0; i < kQPerWarp; ++i) {
-    const int t = q0 + warp * kQPerWarp + i;
-    vis[i] = t < a.Tq ? key_span(a, len, t) : online::KeySpan<int>{0, 0};
     row[i] = online::start(a.softmax1, s_null);  // the null category, folded in once per row
 #pragma unroll
     for (int r = 0; r < R; ++r) o[i][r] = 0.0f;
@@ -124,6 +122,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
       Ks[r][c] = (j < kend && c < a.d_h) ? load(k + static_cast<long long>(j) * a.k_st + c) : 0.0f;
       Vs[r][c] = (j < kend && c < a.d_v) ? load(v + static_cast<long long>(j) * a.v_st + c) : 0.0f;
     }
+    if (a.bias)  // the bias of the block's queries at the tile's keys, one coalesced row segment each
+      for (int e = tid; e < kQueryTile * kKeyTile; e += kThreads) {
+        const int r = e / kKeyTile, c = e % kKeyTile, t = q0 + r, j = j0 + c;
+        Bs[r][c] = (t < a.Tq && j < kend) ? a.bias[bias_at(a, b, h, t) + j] : 0.0f;
+      }
     __syncthreads();
 
     // dot_{t,j} = sum_c q_c k_{j,c}, lane = key j0 + lane.
@@ -148,9 +151,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionLaun
 #pragma unroll
     for (int i = 0; i < kQPerWarp; ++i) {
       p[i] = 0.0f;
-      if (j0 >= vis[i].end || j0 + kKeyTile <= vis[i].begin) continue;  // warp-uniform: no visible key here
-      const int t = q0 + warp * kQPerWarp + i;
-      float z = (j >= vis[i].begin && j < vis[i].end) ? logit(a, acc[i], b, h, t, j) : -INFINITY;
+      const online::KeySpan<int> ks = vis[warp * kQPerWarp + i];
+      if (j0 >= ks.end || j0 + kKeyTile <= ks.begin) continue;  // warp-uniform: no visible key here
+      float z = -INFINITY;
+      if (j >= ks.begin && j < ks.end) {  // z = (scale * dot) + bias: the reference's two roundings
+        z = acc[i] * a.scale;
+        if (a.bias) z += Bs[warp * kQPerWarp + i][lane];
+      }
       if (isnan(z) || z == INFINITY) {  // overflowed logit: reported, then treated as masked
         if (a.bad_score) *a.bad_score = 1;
         z = -INFINITY;
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) probs_kernel(const AttentionLaunch a
       const In* kj = k + static_cast<long long>(j) * a.k_st;
       float acc = 0.0f;
       for (int c = 0; c < a.d_h; ++c) acc = fmaf(qs[c], load(kj + c), acc);
-      const float z = logit(a, acc, b, h, t, j);
+      const float z = acc * a.scale + (a.bias ? a.bias[bias_at(a, b, h, t) + j] : 0.0f);
       p = (isnan(z) || z == INFINITY) ? 0.0f : online::weight(z, st.m) * inv;
     }
     pr[j] = p;

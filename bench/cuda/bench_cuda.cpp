@@ -1,6 +1,7 @@
 // bench/cuda/bench_cuda.cpp — throughput of the CUDA backend on device buffers.
 //
 //   BM_FusedAttention/dtype/d_h/T/causal   B = 4, H = 32, H_kv = 8 (GQA), Tq = Tk = T, Softmax1
+//   BM_WindowedAttention/d_h/T             as BM_FusedAttention (bf16, causal) with a sliding window of 128
 //   BM_DecodeAttention/d_h/Tk              B = 16, H = 32, H_kv = 8, Tq = 1 (one new token)
 //   BM_DepthRoute/n/N                       Full AttnRes routing of N tokens over n sources, d = 2048
 //   BM_PseudoQueryLogits/n/N                g = w^T RMSNorm(v_i), d = 2048
@@ -77,7 +78,7 @@ struct Events {
 };
 
 void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, index_t Hkv, index_t Tq, index_t Tk,
-                   index_t dh, bool causal) {
+                   index_t dh, bool causal, index_t window = 0) {
   if (skip_without_device(state)) return;
   Buffer q(static_cast<std::size_t>(B * H * Tq * dh), dtype, 1.0, 1), k(static_cast<std::size_t>(B * Hkv * Tk * dh), dtype, 1.0, 2),
       v(static_cast<std::size_t>(B * Hkv * Tk * dh), dtype, 1.0, 3);
@@ -88,14 +89,20 @@ void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, i
   a.q = q.p; a.k = k.p; a.v = v.p;
   a.shape = oasis::AttentionShape{B, H, Hkv, Tq, Tk, dh, dh};
   a.causal = causal;
+  a.window = window;
   a.out = out.f(); a.lse = lse.f(); a.p_null = pn.f();
   cu::token_attention_device(a);  // warm-up
   cudaDeviceSynchronize();
   Events ev;
   for (auto _ : state) state.SetIterationTime(ev.seconds([&] { cu::token_attention_device(a); }));
-  // visible (query, key) pairs: bottom-right causal row t sees min(Tk, t + Tk - Tq + 1) keys
+  // visible (query, key) pairs: bottom-right causal row t sees min(Tk, t + Tk - Tq + 1) keys, at
+  // most W with a window
   double pairs = 0;
-  for (index_t t = 0; t < Tq; ++t) pairs += causal ? static_cast<double>(std::min(Tk, t + Tk - Tq + 1)) : static_cast<double>(Tk);
+  for (index_t t = 0; t < Tq; ++t) {
+    index_t n = causal || window > 0 ? std::min(Tk, t + Tk - Tq + 1) : Tk;
+    if (window > 0) n = std::min(n, window);
+    pairs += static_cast<double>(n);
+  }
   const double flops = 4.0 * static_cast<double>(B * H * dh) * pairs;
   state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["rows/s"] = benchmark::Counter(static_cast<double>(B * H * Tq), benchmark::Counter::kIsIterationInvariantRate);
@@ -114,6 +121,12 @@ BENCHMARK(BM_FusedAttention)
     ->Args({1, 128, 4096, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// gpt-oss's windowed layers: W = 128; the kernel visits only each query block's band of key tiles
+void BM_WindowedAttention(benchmark::State& state) {
+  run_attention(state, DType::bf16, 4, 32, 8, state.range(1), state.range(1), state.range(0), true, 128);
+}
+BENCHMARK(BM_WindowedAttention)->ArgNames({"d_h", "T"})->ArgsProduct({{64}, {4096, 8192}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_DecodeAttention(benchmark::State& state) {
   run_attention(state, DType::f16, 16, 32, 8, 1, state.range(1), state.range(0), true);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -44,22 +45,22 @@ const std::vector<Backend> kBackends = {Backend::cuda};
 const std::vector<Backend> kBackends = {Backend::reference, Backend::cpu_fast, Backend::cuda};
 #endif
 
-/// Exact outcomes of rows with no visible key: softmax1 out 0, p_null 1, LSE1 = s; plain softmax
-/// the documented zero (out 0, p_null 0, LSE -inf).
+/// Exact outcomes of rows with no visible key (none in the key range, or all masked by the bias):
+/// softmax1 out 0, p_null 1, LSE1 = s; plain softmax the documented zero (out 0, p_null 0, LSE -inf).
 ::testing::AssertionResult masked_rows_exact(const AttentionResult<float>& r, const AttentionInputs& in) {
   const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
   index_t rows = 0;
   for (index_t b = 0; b < s.B; ++b)
     for (index_t h = 0; h < s.H; ++h)
       for (index_t t = 0; t < s.Tq; ++t) {
-        if (visible_keys(s, in.opt, b, t) > 0) continue;
+        if (!fully_masked_row(s, in.opt, b, h, t)) continue;
         ++rows;
         const bool s1 = in.opt.normalizer == RowNorm::softmax1;
         const float sl = in.opt.null_logits.empty() ? 0.0f : static_cast<float>(in.opt.null_logits[static_cast<std::size_t>(h)]);
         for (index_t c = 0; c < s.d_v; ++c)
-          if (r.out(b, h, t, c) != 0.0f)
+          if (out_at(r.out, in.opt, b, h, t, c) != 0.0f)
             return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") out[" << c
-                                                 << "] = " << r.out(b, h, t, c);
+                                                 << "] = " << out_at(r.out, in.opt, b, h, t, c);
         const float want_pn = s1 ? 1.0f : 0.0f;
         const float want_lse = s1 ? sl : -std::numeric_limits<float>::infinity();
         if (r.p_null(b, h, t) != want_pn || r.lse(b, h, t) != want_lse)
@@ -128,13 +129,26 @@ TEST_P(BackendParity, LongSequence8kKeys) {
 // drawn over the kernels' tiling edges — Tq not a multiple of the 16-query block, Tk not a
 // multiple of the 32-key tile, head sizes 1..128 on both sides of the 64/128 tiles, d_v != d_h,
 // GQA groups, bottom-right causal with Tq > Tk, padding lengths 0..Tk (fully masked rows), both
-// normalisers, null logits, extreme logits (q scaled by 40). Oracle: long double (u = 2^-64);
-// rule: parity_rule.hpp. Fully masked rows must be exact.
+// normalisers, null logits, extreme logits (q scaled by 40), sliding windows from 1 key to wider
+// than the row, an additive bias of each broadcast shape with -inf masks and fully masked rows,
+// both layouts. Oracle: long double (u = 2^-64); rule: parity_rule.hpp. Fully masked rows must
+// be exact.
 std::string random_case_violation(Backend backend, const AttentionInputs& in) {
   const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
   for (const ::testing::AssertionResult& r : attention_parity<long double>(got, in))
     if (!r) return r.message();
   return "";
+}
+
+const char* bias_name(BiasKind k) {
+  switch (k) {
+    case BiasKind::none: return "none";
+    case BiasKind::tk: return "[Tq,Tk]";
+    case BiasKind::batch: return "[B,1,Tq,Tk]";
+    case BiasKind::head: return "[1,H,Tq,Tk]";
+    case BiasKind::full: return "[B,H,Tq,Tk]";
+  }
+  return "?";
 }
 
 RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
@@ -154,6 +168,12 @@ RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor,
   c.null_logits = c.normalizer == RowNorm::softmax1 && *rc::gen::arbitrary<bool>();
   c.q_scale = *rc::gen::element(1.0, 8.0, 40.0);
   c.probs = *rc::gen::arbitrary<bool>();
+  if (*rc::gen::arbitrary<bool>()) c.window = *rc::gen::inRange<index_t>(1, c.Tk + 6);
+  c.bias = *rc::gen::element(BiasKind::none, BiasKind::none, BiasKind::tk, BiasKind::batch, BiasKind::head,
+                             BiasKind::full);
+  c.bias_masked = *rc::gen::element(0.0, 0.3, 0.9);
+  c.bias_masked_rows = *rc::gen::inRange<index_t>(0, 3);
+  c.layout = *rc::gen::element(AttentionLayout::bhtd, AttentionLayout::bthd);
   const AttentionInputs in = make_inputs(c, *rc::gen::inRange<std::uint64_t>(0, 1u << 30));
   int ran = 0;
   for (const Backend backend : kBackends) {
@@ -164,10 +184,14 @@ RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor,
       RC_FAIL(std::string(to_string(backend)) + " [B H H_kv Tq Tk d_h d_v] = [" + std::to_string(c.B) + " " +
               std::to_string(c.H) + " " + std::to_string(c.H_kv) + " " + std::to_string(c.Tq) + " " +
               std::to_string(c.Tk) + " " + std::to_string(c.d_h) + " " + std::to_string(c.d_v) + "] " +
-              std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + ": " + v);
+              std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + " window " +
+              std::to_string(c.window) + " bias " + bias_name(c.bias) + " " +
+              std::string(to_string(c.layout)) + ": " + v);
   }
   RC_ASSERT(ran > 0);  // a fast backend is always available (cpu_fast, or the emulated cuda)
   RC_TAG(std::string(to_string(c.normalizer)));
+  RC_TAG(c.window > 0 ? "window" : "no window");
+  RC_TAG(c.bias != BiasKind::none ? "bias" : "no bias");
 }
 
 // Invalid input gets the reference's error (same argument named) on every backend.
@@ -182,13 +206,35 @@ TEST_P(BackendParity, InvalidInputNamesTheArgument) {
   } catch (const invalid_argument& e) {
     EXPECT_EQ(e.argument(), "key_lengths") << e.what();
   }
-  in = make_inputs(attention_cases()[3], 2);  // softmax with fully masked rows
-  in.opt.masked_row = MaskedRow::error;
+  // softmax with rows fully masked by padding, by a window beyond the padding, by the bias
+  for (const char* name : {"fully_masked_rows_softmax", "window_padded_tq_ne_tk", "bias_masked_rows_softmax"}) {
+    const auto cs = attention_cases();
+    const auto c = std::find_if(cs.begin(), cs.end(), [&](const AttentionCase& x) { return x.name == name; });
+    ASSERT_NE(c, cs.end()) << name;
+    in = make_inputs(*c, 2);
+    in.opt.masked_row = MaskedRow::error;
+    try {
+      token_attention(backend, in.q, in.k, in.v, in.opt);
+      FAIL() << name << ": MaskedRow::error on a fully masked row did not throw";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "scores") << name << ": " << e.what();
+    }
+  }
+  in = make_inputs(attention_cases()[0], 3);
+  in.opt.window = -1;
   try {
     token_attention(backend, in.q, in.k, in.v, in.opt);
-    FAIL() << "MaskedRow::error on a fully masked row did not throw";
+    FAIL() << "a negative window was accepted";
   } catch (const invalid_argument& e) {
-    EXPECT_EQ(e.argument(), "scores") << e.what();
+    EXPECT_EQ(e.argument(), "window") << e.what();
+  }
+  in.opt.window = 0;
+  in.opt.bias = Tensor<double>({40, 39});  // Tk = 40
+  try {
+    token_attention(backend, in.q, in.k, in.v, in.opt);
+    FAIL() << "a bias of the wrong shape was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.argument(), "bias") << e.what();
   }
 }
 
@@ -301,7 +347,7 @@ TEST_P(HalfInputParity, WithinTwiceReferenceErrorPlusFloor) {
 
 std::vector<AttentionCase> half_cases() {
   const std::vector<AttentionCase> all = attention_cases();
-  return {all[0], all[1], all[2], all[4], all[6]};
+  return {all[0], all[1], all[2], all[4], all[6], all[14]};  // all[14]: bias, window, GQA, bthd
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, HalfInputParity,

@@ -252,6 +252,9 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   const OpSpec& s = op_spec(op);
   const Options o(&options);
   validate_call(s, inputs, outputs, o);
+  for (const auto& [name, t] : outputs)  // integer tensors (ids) have no rounding policy
+    OASIS_REQUIRE(!io::is_integer(t.dtype) || inputs.count(name), name, "is an integer tensor (", io::to_string(t.dtype),
+                  "); outputs are floating point");
   CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
   rep.op = op;
   for (const auto& [name, t] : outputs) {

@@ -316,8 +316,9 @@ std::string describe_ops() {
     if (!op.help.empty()) s += "                " + op.help + "\n";
   }
   s += "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
-       "                inputs ids [B,T]; outputs logits [B,T,vocab] and trace tensors <sublayer>.<field>\n"
-       "                (docs/verify.md, model level)\n";
+       "                inputs ids [B,T] (integer or float dtype); outputs logits [B,T,vocab], state [B,T,d] and\n"
+       "                trace tensors <sublayer>.<field>, each checked against its producer in the configured\n"
+       "                model (docs/verify.md, model level)\n";
   return s;
 }
 

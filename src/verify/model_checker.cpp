@@ -578,11 +578,11 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
     const Resolved r = I.value(I.w.state, wide, {"state"});
     return shaped(r, "the readout (" + std::string(om::to_string(I.c.readout_or_default())) + "): " + I.wired_name(I.w.state));
   }
-  // logits: the head on the readout state
-  Resolved st;
-  if (auto r = I.read_rows("state")) st = *r;
-  else st = I.value(I.w.state, wide, {"state"});
-  return shaped(from_rows(I.m.head(to_rows(st), em)), "the head (final RMSNorm, LM head) on the readout state");
+  // logits: the head on the trace's readout state. Not on a recomputed one: the readout and the
+  // head composed through recomputation bound less than the end-to-end verdict sees (Missing).
+  const auto st = I.read_rows("state");
+  if (!st) throw Missing{"state", shape_of("state") ? *shape_of("state") : Shape{}};
+  return shaped(from_rows(I.m.head(to_rows(*st), em)), "the head (final RMSNorm, LM head) on the readout state");
 }
 
 }  // namespace oasis::verify::detail

@@ -7,7 +7,9 @@
 // tensors the trace has, and the error the implementation may make in that recomputation enters
 // the bound (the first-order rules of oasis/model/layers.hpp and router.hpp). Recomputation never
 // passes through a sublayer output: `<sublayer>.output` is the carrier between sublayers, and a
-// check whose reads need an output the trace lacks throws Missing naming it.
+// check whose reads need an output the trace lacks throws Missing naming it. The logits are
+// checked on the trace's `state` only (else Missing: the caller's end-to-end verdict is stronger
+// than the readout and head composed through recomputation).
 //
 // expected(name, wide) returns the producer's value `ref` and `e`, the first-order bound of the
 // plain step in the precision of the checked tensor (wide: f64, u = 2^-53; else u = 2^-24, which

@@ -8,14 +8,15 @@
 // the candidates carry the wired psi, the state is the configured readout) — under
 //   |x - ref| <= 0.5 ulp_D(ref) + 2 e(D).
 // A check whose inputs need a tensor the trace lacks is an input error naming it, except for the
-// readout state and the logits: without the tensors that produce them they get the END-TO-END
-// verdict, the backends' parity rule per token row in the infinity norm against a replay of the
+// readout state (without the tensors it is made of) and the logits (without `state`): they get
+// the END-TO-END verdict, the backends' parity rule per token row in the infinity norm against a replay of the
 // configured model from the ids in the implementation's precision (x_ref) and in mp50 (x_hp):
 //   max_c |x - x_hp| <= 2 max_c |x_ref - x_hp| + floor,
 //   floor = 0.5 ulp_D(max_c |x_hp|) + 2 e_last(D)   (e_last: bound of the last step, head or readout,
 //                                                    on the replay's own inputs).
 // Forward order of the report: per sublayer its router (Kimi: before it; authors: after it),
 // input and steps, then the final router, state, logits; the first failing tensor is named in a note.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -75,11 +76,12 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-/// "unknown trace tensor 'x' ... (known: ...)" with the names grouped by prefix.
+/// "unknown trace tensor 'x' ... knows: ..." with the names grouped by prefix, and the prefixes
+/// layers.{b}.attn / layers.{b}.mlp with equal fields grouped over b.
 std::string unknown_name_message(const std::string& name, const ModelChecker& ck) {
   std::string best;
   std::size_t best_d = 4;
-  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // prefix -> fields, in order
   for (const auto& [n, s] : ck.names()) {
     (void)s;
     const std::size_t dd = edit_distance(name, n);
@@ -89,9 +91,22 @@ std::string unknown_name_message(const std::string& name, const ModelChecker& ck
     if (groups.empty() || groups.back().first != prefix) groups.push_back({prefix, {}});
     groups.back().second.push_back(field);
   }
+  std::vector<std::pair<std::string, std::vector<std::string>>> patterns;  // "layers.{b}.attn.{f..}" -> blocks
+  for (const auto& [prefix, fields] : groups) {
+    std::string pat = prefix, b;
+    if (prefix.rfind("layers.", 0) == 0) {
+      const auto dot = prefix.find('.', 7);
+      b = prefix.substr(7, dot - 7);
+      pat = "layers.{b}" + prefix.substr(dot);
+    }
+    const std::string key = (prefix.empty() ? join_names(fields) : pat + ".{" + join_names(fields) + "}");
+    auto it = std::find_if(patterns.begin(), patterns.end(), [&](const auto& p) { return p.first == key; });
+    if (it == patterns.end()) patterns.push_back({key, {}}), it = patterns.end() - 1;
+    if (!b.empty()) it->second.push_back(b);
+  }
   std::string known = "ids";
-  for (const auto& [prefix, fields] : groups)
-    known += ", " + (prefix.empty() ? join_names(fields) : prefix + ".{" + join_names(fields) + "}");
+  for (const auto& [key, blocks] : patterns)
+    known += ", " + key + (blocks.empty() ? "" : " for b = " + join_names(blocks));
   return "unknown trace tensor '" + name + "' for this model" + (best.empty() ? "" : " (did you mean '" + best + "'?)") +
          "; the model level knows: " + known;
 }
@@ -178,7 +193,7 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
   ModelChecker ck(m, outputs, ids, B, Tn);
 
   // Every name is known (a misspelt name must not silently check nothing); only ids are integers.
-  for (const TensorMap* set : {&inputs, &outputs})
+  for (const TensorMap* set : {&outputs, &inputs})
     for (const auto& [name, t] : *set) {
       if (name == "ids") continue;
       OASIS_REQUIRE(ck.shape_of(name), set == &inputs ? "inputs" : "outputs", unknown_name_message(name, ck));

@@ -283,7 +283,13 @@ struct ModelChecker::Impl {
 
   /// The depth-routing step on the trace's own .sources, .g_old, .psi (the op-level depth policy).
   struct Tight { DepthRoute<mp50> ref; bounds::DepthRouteBounds b; };
-  std::optional<Tight> tight(index_t r, bool wide) const {
+  std::map<index_t, std::optional<Tight>> tights[2];
+  const std::optional<Tight>& tight(index_t r, bool wide) {
+    auto it = tights[wide].find(r);
+    if (it == tights[wide].end()) it = tights[wide].emplace(r, compute_tight(r, wide)).first;
+    return it->second;
+  }
+  std::optional<Tight> compute_tight(index_t r, bool wide) const {
     const om::WiredRouter& R = router(r);
     const bool cp = coupled(r);
     if (!usable(R.trace + ".sources") || !usable(R.trace + ".g_old") || (cp && !usable(R.trace + ".psi"))) return std::nullopt;
@@ -312,7 +318,7 @@ struct ModelChecker::Impl {
   /// The router's output h: the tight depth policy when the trace has the router's inputs, else
   /// the whole router step on its candidates.
   Resolved router_output(index_t r, bool wide) {
-    if (auto t = tight(r, wide)) return Resolved{t->ref.h, t->b.h};
+    if (const auto& t = tight(r, wide)) return Resolved{t->ref.h, t->b.h};
     return from_rows(route(r, wide).h);
   }
 
@@ -515,13 +521,13 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
                       "the logits of router " + R.params + " (" + how + ") on its sources"};
     }
     if (s.field == "routed") {
-      if (auto t = I.tight(s.router, wide))
+      if (const auto& t = I.tight(s.router, wide))
         return Expected{t->ref.h.reshaped(shape), t->b.h.reshaped(shape),
                         "router " + R.params + " on its own sources, g_old, psi (depth policy)"};
       return shaped(from_rows(I.route(s.router, wide).h), "router " + R.params + " (logits, coupling, normaliser, mix) on " + cands);
     }
     // g, dpsi, alpha, alpha_null: the depth policy on the router's own inputs
-    auto t = I.tight(s.router, wide);
+    const auto& t = I.tight(s.router, wide);
     if (!t) {
       for (const char* f : {"sources", "g_old", "psi"})
         if ((std::string(f) != "psi" || I.coupled(s.router)) && !I.read(R.trace + "." + f))  // read: Unusable when bad

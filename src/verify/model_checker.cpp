@@ -85,7 +85,7 @@ struct ModelChecker::Impl {
 
   struct Proj { Rows<mp50> q, k, v; };
   std::map<std::string, Resolved> values[2];
-  std::map<index_t, om::RouteResult<mp50>> routes[2];
+  std::map<index_t, om::RouteResult<mp50>> routes[2], logit_routes[2];
   std::map<index_t, Proj> projs[2];
   std::map<index_t, om::AttentionSublayer<mp50>> cores[2];
 
@@ -233,12 +233,14 @@ struct ModelChecker::Impl {
 
   /// The router step on its candidates (the trace's .sources and .psi when usable, else the
   /// wired values): kimi_route or authors_route with the error model of the checked precision.
-  const om::RouteResult<mp50>& route(index_t r, bool wide) {
-    auto it = routes[wide].find(r);
-    if (it != routes[wide].end()) return it->second;
+  /// logits_only: the psi are left at 0 (g_old and its bound do not read them).
+  const om::RouteResult<mp50>& route(index_t r, bool wide, bool logits_only = false) {
+    auto& memo = logits_only ? logit_routes[wide] : routes[wide];
+    auto it = memo.find(r);
+    if (it != memo.end()) return it->second;
     const om::WiredRouter& R = router(r);
     const index_t n = static_cast<index_t>(R.candidates.size());
-    const bool cp = coupled(r);
+    const bool cp = coupled(r) && !logits_only;
     const Tensor<double>* src = usable(R.trace + ".sources") ? read(R.trace + ".sources") : nullptr;
     const Tensor<double>* psi = cp && usable(R.trace + ".psi") ? read(R.trace + ".psi") : nullptr;
     std::vector<om::DepthSource<mp50>> cand(static_cast<std::size_t>(n));
@@ -278,7 +280,7 @@ struct ModelChecker::Impl {
             ? om::authors_route(ptr, m.param(R.params + ".q_proj.weight"), m.param(R.params + ".k_proj.weight"),
                                 m.param(R.params + ".recency_bias")[0], theta, c, em(wide))
             : om::kimi_route(ptr, m.param(R.params + ".query"), m.gain_of(R.params), theta, c, em(wide));
-    return routes[wide].emplace(r, std::move(res)).first->second;
+    return memo.emplace(r, std::move(res)).first->second;
   }
 
   /// The depth-routing step on the trace's own .sources, .g_old, .psi (the op-level depth policy).
@@ -515,7 +517,7 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
       return x;
     }
     if (s.field == "g_old") {
-      const om::RouteResult<mp50>& r = I.route(s.router, wide);
+      const om::RouteResult<mp50>& r = I.route(s.router, wide, true);
       const std::string how = router_logits(I.c);
       return Expected{r.g_old.reshaped(shape), rows_bound(r.e_gold, n * N, 1).reshaped(shape),
                       "the logits of router " + R.params + " (" + how + ") on its sources"};

@@ -230,9 +230,9 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
       rep.tensors.push_back(compare_tensor(name, got, x.ref, scaled(x.e, got.dtype), opt.show));
       steps[name] = x.step;
     } catch (const Missing& miss) {
-      OASIS_REQUIRE(name == "logits" || name == "state", name,
-                    "is checked against what the configured model computes from the tensors it reads, which needs ",
-                    miss.name, " ", shape_str(miss.shape), ": the trace lacks it (provide it, or leave out ", name, ")");
+      OASIS_REQUIRE(name == "logits" || name == "state", miss.name, "the trace lacks it, and ", name,
+                    " is checked against what the configured model computes from the tensors it reads, which needs ",
+                    miss.name, " ", shape_str(miss.shape), " (provide it, or leave out ", name, ")");
       rep.tensors.push_back(end_to_end(name, got, m, ids, B, Tn, opt));
       steps[name] = "the end-to-end replay of the configured model";
       rep.notes.push_back(name + ": end-to-end verdict (the trace lacks " + miss.name +

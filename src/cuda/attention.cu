@@ -266,7 +266,7 @@ int launch_attention(const AttentionLaunch& a, CUstream_st* stream) {
     case io::DType::f32: return launch_typed<float>(a, stream);
     case io::DType::f16: return launch_typed<__half>(a, stream);
     case io::DType::bf16: return launch_typed<__nv_bfloat16>(a, stream);
-    case io::DType::f64: break;
+    case io::DType::f64: case io::DType::i32: case io::DType::i64: break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -277,7 +277,7 @@ int launch_attention_probs(const AttentionLaunch& a, float* probs, CUstream_st* 
     case io::DType::f32: return launch_probs_typed<float>(a, probs, stream);
     case io::DType::f16: return launch_probs_typed<__half>(a, probs, stream);
     case io::DType::bf16: return launch_probs_typed<__nv_bfloat16>(a, probs, stream);
-    case io::DType::f64: break;
+    case io::DType::f64: case io::DType::i32: case io::DType::i64: break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

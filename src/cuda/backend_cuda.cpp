@@ -250,7 +250,8 @@ void token_attention_device(const DeviceAttention& d) {
   OASIS_REQUIRE(!d.null_logits || d.normalizer == RowNorm::softmax1, "null_logits", "given but the normaliser is ",
                 to_string(d.normalizer), " (no null category)");
   OASIS_REQUIRE(!d.scale || (std::isfinite(*d.scale) && *d.scale > 0), "scale", "must be finite and positive");
-  OASIS_REQUIRE(d.dtype != io::DType::f64, "dtype", "the CUDA kernels take f32, f16 or bf16 inputs, got f64");
+  OASIS_REQUIRE(d.dtype == io::DType::f32 || d.dtype == io::DType::f16 || d.dtype == io::DType::bf16, "dtype",
+                "the CUDA kernels take f32, f16 or bf16 inputs, got ", io::to_string(d.dtype));
   OASIS_REQUIRE(d.window >= 0, "window", "must be >= 0 (0: no window), got ", d.window);
   const Shape& bs = d.bias_shape;
   if (d.bias)

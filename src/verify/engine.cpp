@@ -252,6 +252,9 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   const OpSpec& s = op_spec(op);
   const Options o(&options);
   validate_call(s, inputs, outputs, o);
+  for (const auto& [name, t] : outputs)  // integer tensors (ids) have no rounding policy
+    OASIS_REQUIRE(!io::is_integer(t.dtype) || inputs.count(name), name, "is an integer tensor (", io::to_string(t.dtype),
+                  "); outputs are floating point");
   CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
   rep.op = op;
   for (const auto& [name, t] : outputs) {
@@ -313,8 +316,9 @@ std::string describe_ops() {
     if (!op.help.empty()) s += "                " + op.help + "\n";
   }
   s += "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
-       "                inputs ids [B,T]; outputs logits [B,T,vocab] and trace tensors <sublayer>.<field>\n"
-       "                (docs/verify.md, model level)\n";
+       "                inputs ids [B,T] (integer or float dtype); outputs logits [B,T,vocab], state [B,T,d] and\n"
+       "                trace tensors <sublayer>.<field>, each checked against its producer in the configured\n"
+       "                model (docs/verify.md, model level)\n";
   return s;
 }
 

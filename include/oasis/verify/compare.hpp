@@ -36,9 +36,11 @@ namespace oasis::verify {
 CompareReport check(const std::string& op, const io::TensorMap& inputs, const io::TensorMap& outputs,
                     const io::json::Value& options = {}, const CompareOptions& opt = {});
 
-/// Check a model trace (op "model"): `weights_file` is a file of oasis::model::save_model (the
-/// configuration in its metadata), `inputs` holds the token ids, `trace` the logits and trace
-/// tensors (docs/verify.md, "Model level").
+/// Check a model trace (op "model"): `weights_file` holds the weights and the configuration in
+/// its metadata (oasis::model::save_model, or written by hand), `inputs` the token ids, `trace`
+/// the logits, the state and the trace tensors. Every trace tensor is checked against what the
+/// configured model computes from the tensors it reads (a PASS certifies the wiring too); logits
+/// without the state get the end-to-end verdict (docs/verify.md, "Model level").
 CompareReport check_model(const std::string& weights_file, const io::TensorMap& inputs, const io::TensorMap& trace,
                           const io::json::Value& options = {}, const CompareOptions& opt = {});
 

@@ -27,6 +27,7 @@
 #include "oasis/error_bounds.hpp"
 
 #include "engine.hpp"
+#include "op_model_grad.hpp"
 #include "oasis/io/safetensors.hpp"
 
 #include "oasis/model/io.hpp"
@@ -332,6 +333,7 @@ CompareReport run_model(const oasis::model::Model<mp50>& m, const io::TensorMap&
     const bool psi_from_pnull = find_t(outputs, tr.name + ".branch_psi") && find_t(outputs, tr.name + ".p_null");
     check_sublayer_steps(m, tr, static_cast<index_t>(l / 2), outputs, B, Tn, psi_from_pnull, opt, rep, traced);
   }
+  check_model_gradients(m, ids, B, Tn, inputs, outputs, opt, rep, traced);
   if (const io::StoredTensor* lg = find_t(outputs, "logits")) {
     traced.insert("logits");
     const oasis::model::ModelConfig& c = m.config();

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -64,13 +66,13 @@ inline std::vector<ModelCase> model_cases() {
     c.rope = om::RopeLayout::interleaved;
     v.push_back({"kimi_block2_oasis_sum_mass", c});
   }
-  {  // Block AttnRes S = 3 over L = 4 (uneven: the last block is one MLP, head-less, inheriting psi),
-     // last readout, tied embeddings
+  {  // Block AttnRes S = 3 over L = 4 (uneven: the last block is one MLP, head-less, inheriting the
+     // psi of attention 2; block 1's psi is the mean over attention 0 and 2), final AttnRes readout
+     // (the only router that sees two candidates with evidence), tied embeddings
     om::ModelConfig c = tiny(Variant::oasis, RouterFamily::kimi_block);
     c.block_size = 3;
-    c.readout = Readout::last;
     c.tie_embeddings = true;
-    v.push_back({"kimi_block3_oasis_last_tied", c});
+    v.push_back({"kimi_block3_oasis_tied", c});
   }
   {  // the no_evidence head-less rule and the authors' centring and clamps on the Kimi router
     om::ModelConfig c = tiny(Variant::oasis, RouterFamily::kimi_full);
@@ -142,6 +144,80 @@ inline LossInputs loss_inputs(const ModelCase& mc, std::uint64_t seed) {
   li.R = oasis::test::randn<double>({mc.B, mc.T, mc.cfg.vocab_size}, rng);
   li.x = oasis::test::randn<double>({mc.B, mc.T, mc.cfg.d_model}, rng);
   return li;
+}
+
+// ---- the zoo of wrong model backwards ---------------------------------------------------------------
+//
+// Each mutant is the oracle's backward with one known mistake of a training implementation, made
+// by editing the recorded forward graph (a missing edge) or the routers' gradients before use.
+
+enum class ModelMutant {
+  none,
+  router_keys_missing,         ///< a router's candidates get gradient through the mix only, not their keys/query
+  residual_not_split,          ///< residual + sublayer_out: only the sublayer output gets the gradient
+  theta_dropped,               ///< the coupling's theta gets no gradient
+  inherited_psi_dropped,       ///< a head-less (MLP) candidate's psi gradient never reaches the attention it inherits from
+  tied_head_not_summed,        ///< tied embeddings: the LM head's gradient is not added to the table
+  block_sum_last_term_only,    ///< a block sum passes its gradient to its last term only
+  block_psi_mean_undivided,    ///< a block's psi (mean over its attention sublayers) passes dpsi undivided
+};
+
+inline const char* name_of(ModelMutant m) {
+  switch (m) {
+    case ModelMutant::none: return "reference";
+    case ModelMutant::router_keys_missing: return "router_source_gradient_without_key_path";
+    case ModelMutant::residual_not_split: return "residual_gradient_not_split";
+    case ModelMutant::theta_dropped: return "theta_gradient_dropped";
+    case ModelMutant::inherited_psi_dropped: return "mlp_psi_gradient_not_reaching_attention";
+    case ModelMutant::tied_head_not_summed: return "tied_embedding_gradient_not_summed";
+    case ModelMutant::block_sum_last_term_only: return "block_sum_gradient_to_last_term_only";
+    case ModelMutant::block_psi_mean_undivided: return "block_psi_mean_gradient_undivided";
+  }
+  return "?";
+}
+
+/// The mutants and the case (by name, model_cases()) each one is exercised on.
+inline std::vector<std::pair<ModelMutant, std::string>> mutant_cases() {
+  return {{ModelMutant::router_keys_missing, "kimi_full_oasis_final"},
+          {ModelMutant::router_keys_missing, "authors_oasis"},
+          {ModelMutant::residual_not_split, "authors_oasis"},
+          {ModelMutant::theta_dropped, "kimi_full_oasis_final"},
+          {ModelMutant::inherited_psi_dropped, "kimi_full_oasis_final"},
+          {ModelMutant::inherited_psi_dropped, "authors_oasis"},
+          {ModelMutant::tied_head_not_summed, "kimi_block3_oasis_tied"},
+          {ModelMutant::block_sum_last_term_only, "kimi_block2_oasis_sum_mass"},
+          {ModelMutant::block_psi_mean_undivided, "kimi_block3_oasis_tied"}};
+}
+
+inline ModelCase case_named(const std::string& name) {
+  for (const ModelCase& c : model_cases())
+    if (c.name == name) return c;
+  throw std::runtime_error("no model case " + name);
+}
+
+/// The backward with one mistake (ModelMutant::none: exactly model_backward).
+template <class T>
+om::ModelGrads<T> mutant_backward(const om::Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
+                                  const Tensor<T>& dlogits, ModelMutant mu) {
+  om::detail::ModelTape<T> tp = om::detail::record_forward(m, m.embed(ids, B, Tn), B, Tn);
+  for (auto& s : tp.steps) {
+    if (!s.is_router) continue;
+    for (std::size_t k = 0; k < s.candidates.size(); ++k) {
+      om::detail::NodeSum& c = s.candidates[k];
+      if ((mu == ModelMutant::residual_not_split || mu == ModelMutant::block_sum_last_term_only) && c.nodes.size() > 1)
+        c.nodes.erase(c.nodes.begin(), c.nodes.end() - 1);
+      if (mu == ModelMutant::inherited_psi_dropped && s.route.kinds[k] == SourceKind::headless) c.psi_from.clear();
+      if (mu == ModelMutant::block_psi_mean_undivided) c.psi_div = std::min<index_t>(c.psi_div, 1);
+    }
+  }
+  if (mu == ModelMutant::router_keys_missing)
+    tp.adjust_route = [](om::RouteGrads<T>& g, const om::detail::TapeStep<T>&) { g.sources = g.depth.sources; };
+  if (mu == ModelMutant::theta_dropped)
+    tp.adjust_route = [](om::RouteGrads<T>& g, const om::detail::TapeStep<T>&) { g.depth.theta = T(0); };
+  if (mu == ModelMutant::tied_head_not_summed) tp.tied_head_into_embedding = false;
+  om::ModelGrads<T> g = om::detail::backward_from_tape(m, tp, dlogits, Tensor<T>());
+  om::detail::accumulate_embedding_table(g, ids);
+  return g;
 }
 
 }  // namespace oasis::model_grad_test

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <cstdio>
 #include <string>
 
@@ -194,6 +195,75 @@ TEST(ModelBackward, FiniteDifferencesEveryFamily) {
   std::printf("model backward vs mp50 finite differences: %ld gradients, worst |analytic - FD| / tol = %.3g, "
               "worst third-derivative estimate %.3g (assumed M3 = %.0e)\n",
               checked, worst, worst_third, kM3);
+}
+
+// ---- the zoo ------------------------------------------------------------------------------------
+
+std::size_t case_index(const std::string& name) {
+  const std::vector<ModelCase> cases = model_cases();
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    if (cases[i].name == name) return i;
+  throw std::runtime_error("no model case " + name);
+}
+
+TEST(ModelBackwardZoo, WithoutMistakeTheSeamsChangeNothing) {
+  for (const ModelCase& mc : model_cases()) {
+    const om::Model<double> m = random_model<double>(mc.cfg, base_seed());
+    const LossInputs li = loss_inputs(mc, base_seed());
+    const om::ModelGrads<double> a = om::model_backward(m, li.ids, mc.B, mc.T, li.R);
+    const om::ModelGrads<double> b = mutant_backward(m, li.ids, mc.B, mc.T, li.R, ModelMutant::none);
+    for (const auto& [n, t] : a.params)
+      for (index_t i = 0; i < t.size(); ++i) ASSERT_EQ(t[i], b.params.at(n)[i]) << mc.name << " " << n << "[" << i << "]";
+  }
+}
+
+/// Every mutant differs from the oracle somewhere; at the coordinate where it differs most
+/// (relative to the tensor's largest gradient) the mp50 finite difference agrees with the oracle
+/// within its tolerance and rejects the mutant.
+TEST(ModelBackwardZoo, FiniteDifferencesRejectEveryMutant) {
+  for (const auto& [mu, cname] : mutant_cases()) {
+    const ModelCase mc = case_named(cname);
+    const std::size_t ci = case_index(cname);
+    SCOPED_TRACE(std::string(name_of(mu)) + " on " + cname);
+    om::Model<R> m = random_model<R>(mc.cfg, base_seed() + ci);
+    const LossInputs li = loss_inputs(mc, base_seed() + ci);
+    const om::ModelGrads<R> g = om::model_backward(m, li.ids, mc.B, mc.T, li.R.cast<R>());
+    const om::ModelGrads<R> gm = mutant_backward(m, li.ids, mc.B, mc.T, li.R.cast<R>(), mu);
+    std::string name;
+    index_t at = 0;
+    double worst = 0;
+    for (const auto& [n, t] : g.params) {
+      double scale = 0;
+      for (index_t i = 0; i < t.size(); ++i) scale = std::max(scale, std::abs(static_cast<double>(t[i])));
+      for (index_t i = 0; i < t.size(); ++i) {
+        const double rel = std::abs(static_cast<double>(gm.params.at(n)[i] - t[i])) / (scale > 0 ? scale : 1.0);
+        if (rel > worst) { worst = rel; name = n; at = i; }
+      }
+    }
+    ASSERT_GT(worst, 1e-6) << "the mistake changes no parameter gradient on this case";
+    const double delta_f =
+        loss_rounding(m, [&](const om::ForwardOptions& o) { return m.forward(li.ids, mc.B, mc.T, o); }, li.R);
+    const Tensor<R> x0 = m.param(name);
+    const bool theta = name.size() > 6 && name.compare(name.size() - 6, 6, ".theta") == 0;
+    const FdPoint p = fd_point(
+        [&](const R& tau) {
+          Tensor<R> x = x0;
+          x[at] += tau;
+          m.set_param(name, x);
+          const R f = loss(m.forward(li.ids, mc.B, mc.T).logits, li.R);
+          m.set_param(name, x0);
+          return f;
+        },
+        theta ? 0x1p-40 : 0x1p-64, delta_f);
+    fd::Summary ok, bad;
+    const std::string label = name + "[" + std::to_string(at) + "]";
+    ok.add(label, g.params.at(name)[at], p.D, p.tol);
+    bad.add(label, gm.params.at(name)[at], p.D, p.tol);
+    EXPECT_TRUE(ok.ok()) << ok.first;
+    EXPECT_FALSE(bad.ok()) << "the finite difference does not see the mistake at " << label;
+    std::printf("  %-44s %-30s at %-34s |mutant - FD| / tol = %.3g\n", name_of(mu), cname.c_str(), label.c_str(),
+                bad.worst_ratio);
+  }
 }
 
 }  // namespace

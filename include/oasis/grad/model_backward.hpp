@@ -410,6 +410,18 @@ ModelGrads<T> backward_from_tape(const Model<T>& m, const ModelTape<T>& tp, cons
   return res;
 }
 
+/// embed_tokens.weight[id] += the embedding gradient of every position holding id (row order).
+template <class T>
+void accumulate_embedding_table(ModelGrads<T>& g, const std::vector<index_t>& ids) {
+  Tensor<T>& E = g.params.at("embed_tokens.weight");
+  const index_t d = E.dim(1);
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    T* e = E.ptr(ids[r]);
+    const T* x = g.embeddings.data() + static_cast<index_t>(r) * d;
+    for (index_t c = 0; c < d; ++c) e[c] += x[c];
+  }
+}
+
 }  // namespace detail
 
 /// Gradients of a loss with dL/dlogits = dlogits [B, T, vocab] (and dL/dstate = dstate [B, T, d]
@@ -418,13 +430,7 @@ template <class T>
 ModelGrads<T> model_backward(const Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
                              const Tensor<T>& dlogits, const Tensor<T>& dstate = {}) {
   ModelGrads<T> g = detail::backward_from_tape(m, detail::record_forward(m, m.embed(ids, B, Tn), B, Tn), dlogits, dstate);
-  Tensor<T>& E = g.params.at("embed_tokens.weight");
-  const index_t d = m.config().d_model;
-  for (index_t r = 0; r < B * Tn; ++r) {
-    T* e = E.ptr(ids[static_cast<std::size_t>(r)]);
-    const T* x = g.embeddings.data() + r * d;
-    for (index_t c = 0; c < d; ++c) e[c] += x[c];
-  }
+  detail::accumulate_embedding_table(g, ids);
   return g;
 }
 

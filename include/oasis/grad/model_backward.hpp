@@ -452,7 +452,12 @@ ModelGrads<T> model_backward_embeddings(const Model<T>& m, const Tensor<T>& x, c
       const ::oasis::model::Model<T>&, const std::vector<::oasis::index_t>&, ::oasis::index_t, ::oasis::index_t, \
       const ::oasis::Tensor<T>&, const ::oasis::Tensor<T>&);                                                    \
   EXT template ::oasis::model::ModelGrads<T> oasis::model::model_backward_embeddings<T>(                         \
-      const ::oasis::model::Model<T>&, const ::oasis::Tensor<T>&, const ::oasis::Tensor<T>&, const ::oasis::Tensor<T>&);
+      const ::oasis::model::Model<T>&, const ::oasis::Tensor<T>&, const ::oasis::Tensor<T>&, const ::oasis::Tensor<T>&); \
+  EXT template ::oasis::model::detail::ModelTape<T> oasis::model::detail::record_forward<T>(                    \
+      const ::oasis::model::Model<T>&, const ::oasis::model::Rows<T>&, ::oasis::index_t, ::oasis::index_t);     \
+  EXT template ::oasis::model::ModelGrads<T> oasis::model::detail::backward_from_tape<T>(                      \
+      const ::oasis::model::Model<T>&, const ::oasis::model::detail::ModelTape<T>&, const ::oasis::Tensor<T>&,  \
+      const ::oasis::Tensor<T>&);
 #if defined(OASIS_COMPILED_INSTANCES) && !defined(OASIS_MODEL_GRAD_INSTANTIATING)
 OASIS_MODEL_GRAD_INSTANCES(extern, float)
 OASIS_MODEL_GRAD_INSTANCES(extern, double)

@@ -44,6 +44,58 @@ TEST(ModelBackward, RecomputedForwardIsTheForward) {
   }
 }
 
+/// dL/dstate enters where the head's gradient does: the backward from dlogits = R equals, bit for
+/// bit, the backward from dlogits = 0 and dstate = the state gradient the first one reports, in
+/// every gradient but the head's own (norm.weight, lm_head.weight; the tied table). The head's
+/// backward itself is checked by the finite differences.
+TEST(ModelBackward, ReadoutStateGradientEntersAsTheHeads) {
+  for (const ModelCase& mc : model_cases()) {
+    SCOPED_TRACE(mc.name);
+    const om::Model<double> m = random_model<double>(mc.cfg, base_seed());
+    const LossInputs li = loss_inputs(mc, base_seed());
+    const om::ModelGrads<double> g = om::model_backward(m, li.ids, mc.B, mc.T, li.R);
+    const om::ModelGrads<double> h = om::model_backward(m, li.ids, mc.B, mc.T, Tensor<double>(li.R.shape()), g.state);
+    for (const auto& [n, t] : g.params) {
+      if (n == "norm.weight" || n == "lm_head.weight" || (mc.cfg.tie_embeddings && n == "embed_tokens.weight")) continue;
+      for (index_t i = 0; i < t.size(); ++i) ASSERT_EQ(t[i], h.params.at(n)[i]) << n << "[" << i << "]";
+    }
+    for (index_t i = 0; i < g.embeddings.size(); ++i) ASSERT_EQ(g.embeddings[i], h.embeddings[i]);
+    for (index_t i = 0; i < g.state.size(); ++i) ASSERT_EQ(g.state[i], h.state[i]);
+  }
+}
+
+/// Bad input is named.
+TEST(ModelBackward, BadInputIsNamed) {
+  const ModelCase mc = model_cases()[0];
+  const om::Model<double> m = random_model<double>(mc.cfg, base_seed());
+  const LossInputs li = loss_inputs(mc, base_seed());
+  auto throws_naming = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one naming " << what;
+    } catch (const oasis::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  throws_naming([&] { (void)om::model_backward(m, li.ids, mc.B, mc.T, Tensor<double>({mc.B, mc.T})); }, "dlogits");
+  Tensor<double> nan = li.R;
+  nan[3] = std::nan("");
+  throws_naming([&] { (void)om::model_backward(m, li.ids, mc.B, mc.T, nan); }, "dlogits");
+  throws_naming([&] { (void)om::model_backward(m, li.ids, mc.B, mc.T, li.R, Tensor<double>({mc.B, mc.T, 3})); }, "dstate");
+  om::ModelConfig gated = mc.cfg;
+  gated.gated_attention = true;
+  throws_naming([&] { (void)om::model_backward(om::Model<double>::initialized(gated, 1), li.ids, mc.B, mc.T, li.R); },
+                "gated_attention");
+  om::ModelConfig sink = mc.cfg;
+  sink.prefix_sink = true;
+  throws_naming([&] { (void)om::model_backward(om::Model<double>::initialized(sink, 1), li.ids, mc.B, mc.T, li.R); },
+                "prefix_sink");
+  om::ModelConfig clipped = mc.cfg;
+  clipped.token_normalizer = RowNorm::clipped_softmax;
+  throws_naming([&] { (void)om::model_backward(om::Model<double>::initialized(clipped, 1), li.ids, mc.B, mc.T, li.R); },
+                "token_normalizer");
+}
+
 // ---- finite differences ---------------------------------------------------------------------------
 //
 // For a coordinate x of a parameter (or of the input embeddings) the central difference

@@ -23,6 +23,7 @@
 
 #include "engine.hpp"
 #include "model_checker.hpp"
+#include "op_model_grad.hpp"
 #include "oasis/io/safetensors.hpp"
 #include "oasis/model/io.hpp"
 
@@ -196,6 +197,8 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
   for (const TensorMap* set : {&outputs, &inputs})
     for (const auto& [name, t] : *set) {
       if (name == "ids") continue;
+      // the gradient tensors and the user's dL/dlogits: op_model_grad.cpp checks their names
+      if (set == &outputs ? is_model_gradient_name(name) : name == "grad_logits") continue;
       OASIS_REQUIRE(ck.shape_of(name), set == &inputs ? "inputs" : "outputs", unknown_name_message(name, ck));
       OASIS_REQUIRE(!io::is_integer(t.dtype), name, "is an integer tensor (", io::to_string(t.dtype),
                     "); only ids may be integers, trace tensors are floating point");
@@ -251,6 +254,9 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
       steps[name] = "(its input failed)";
     }
   }
+  std::set<std::string> gradients;
+  check_model_gradients(m, ids, B, Tn, inputs, outputs, opt, rep, gradients);
+  for (const auto& g : gradients) steps[g] = "the oracle's backward from the implementation's grad_logits";
   OASIS_REQUIRE(!rep.tensors.empty(), "outputs",
                 "op model checked no tensor: the outputs hold no trace tensor of this model (they hold: ", names_of(outputs),
                 "); provide at least 'logits' [B, T, vocab]");

@@ -1,0 +1,211 @@
+// tests/verify/test_policy.cpp — the compare policies (oasis/verify/policy.hpp) have teeth and
+// raise no false alarm: every mutant of the zoo (tests/verify/attention_zoo.hpp) fails under the
+// default policy at the shapes where the worst-case bound let it pass, and every correct
+// implementation of the zoo passes every case; the fast oracle's verdicts are the mp50 oracle's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "attention_zoo.hpp"
+#include "oasis/oasis.hpp"
+#include "oasis/prob_bounds.hpp"
+#include "oasis/verify/compare.hpp"
+
+namespace io = oasis::io;
+namespace verify = oasis::verify;
+namespace zoo = oasis::zoo;
+using oasis::index_t;
+using oasis::Tensor;
+
+namespace {
+
+io::TensorMap inputs_of(const zoo::Case& c) {
+  io::TensorMap in;
+  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
+  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
+  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
+  return in;
+}
+
+/// The outputs named in `names` (all four when empty), stored in d.
+io::TensorMap outputs_of(const zoo::Result& r, io::DType d, std::vector<std::string> names = {}) {
+  if (names.empty()) names = {"out", "lse", "p_null", "probs"};
+  io::TensorMap out;
+  for (const auto& n : names) {
+    const Tensor<float>& t = n == "out" ? r.out : n == "lse" ? r.lse : n == "p_null" ? r.p_null : r.probs;
+    out.emplace(n, io::StoredTensor{d, t.cast<double>()});
+  }
+  return out;
+}
+
+io::json::Value options_of(const zoo::Case& c) {
+  std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
+  if (!c.opt.null_logits.empty()) {
+    s += ", \"null_logits\": [";
+    for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+      char b[40];
+      std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+      s += b;
+    }
+    s += "]";
+  }
+  return io::json::parse(s + "}");
+}
+
+zoo::Result run_impl(const zoo::Impl& im, const zoo::Case& c, io::DType d) {
+  oasis::AttentionOptions o = c.opt;
+  o.return_probs = true;
+  zoo::Result r = zoo::attention(im, c.q, c.k, c.v, o);
+  return d == io::DType::f32 ? r : zoo::storage(r, d);
+}
+
+verify::CompareReport check(const zoo::Case& c, const io::TensorMap& out, verify::Policy p = verify::Policy::probabilistic,
+                            verify::Oracle oracle = verify::Oracle::fast) {
+  verify::CompareOptions co;
+  co.policy = p;
+  co.oracle = oracle;
+  return verify::check("attention", inputs_of(c), out, options_of(c), co);
+}
+
+zoo::Case find_case(const std::string& name) {
+  for (auto& c : zoo::policy_cases())
+    if (c.name == name) return c;
+  throw std::runtime_error("no case " + name);
+}
+
+zoo::Impl mutant(zoo::Bug b) {
+  for (const auto& m : zoo::mutants())
+    if (m.bug == b) return m;
+  throw std::runtime_error("no mutant");
+}
+
+}  // namespace
+
+// Every correct implementation passes every case in every dtype under the default policy (16-bit:
+// accumulated in float, stored once) and the certain line; kernels that also round P to 16 bits
+// pass under the p16 policy.
+TEST(ComparePolicy, NoFalseAlarmOverTheCorrectZoo) {
+  for (const zoo::Case& c : zoo::policy_cases())
+    for (io::DType d : c.dtypes) {
+      for (const zoo::Impl& im : zoo::correct_zoo(c.small_logits)) {
+        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d));
+        EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
+        for (const auto& t : r.tensors) EXPECT_FALSE(t.certain_failure) << c.name << " " << im.name << " " << t.name;
+      }
+      if (d == io::DType::f32) continue;
+      for (zoo::Impl im : {zoo::Impl{"p16_plain", zoo::Algo::plain}, zoo::Impl{"p16_online_b64", zoo::Algo::online, 64}}) {
+        im.p16 = true;
+        im.p16_type = d;
+        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d), verify::Policy::p16);
+        EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
+      }
+    }
+}
+
+// float32, one query over 4096 keys, sinks in [-3, 3]: the null counted twice and a causal mask
+// that excludes the diagonal fail `out` alone (the worst-case bound passes them: 0.2 and 0.5).
+TEST(ComparePolicy, MutantsFailAt4096Keys) {
+  const zoo::Case c = find_case("decode_4096_sinks");
+  for (zoo::Bug b : {zoo::Bug::null_twice, zoo::Bug::causal_no_diagonal}) {
+    const zoo::Result r = run_impl(mutant(b), c, io::DType::f32);
+    const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+    EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
+    EXPECT_FALSE(check(c, outputs_of(r, io::DType::f32)).passed) << mutant(b).name;
+  }
+}
+
+// 512 keys, `out` alone: plain softmax instead of Softmax1 (the sink dropped), a doubled null and
+// a sink scaled by the softmax scale fail.
+TEST(ComparePolicy, MutantsFailOnOutAloneAt512Keys) {
+  const zoo::Case c = find_case("decode_512_sinks");
+  for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::null_twice, zoo::Bug::sink_times_scale}) {
+    const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(b), c, io::DType::f32), io::DType::f32, {"out"}));
+    EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
+  }
+}
+
+// bf16 outputs computed in float and stored in bf16: the sink dropped, the sink scaled by the
+// softmax scale and the doubled null fail `out` alone at 4, 16 and 64 keys; under the worst-case
+// policy (every intermediate in bf16) they pass, which is what the default replaces.
+TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
+  for (const char* name : {"bf16_4_keys", "bf16_16_keys", "prefill_64_sinks"}) {
+    const zoo::Case c = find_case(name);
+    for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::sink_times_scale, zoo::Bug::null_twice}) {
+      const io::TensorMap out = outputs_of(run_impl(mutant(b), c, io::DType::bf16), io::DType::bf16, {"out"});
+      const verify::CompareReport rep = check(c, out);
+      EXPECT_FALSE(rep.passed) << name << " " << mutant(b).name << "\n" << verify::format_report(rep);
+    }
+  }
+  // the teeth the default adds: the doubled null passed the worst-case policy at 16 keys
+  const zoo::Case c = find_case("bf16_16_keys");
+  const io::TensorMap out = outputs_of(run_impl(mutant(zoo::Bug::null_twice), c, io::DType::bf16), io::DType::bf16, {"out"});
+  EXPECT_TRUE(check(c, out, verify::Policy::worst_case).passed);
+}
+
+// One element of `out` (the largest) moved by 64 ulps fails at the 64-key prefill, where the
+// worst-case bound is about 1000 ulps; the report names the element and it is not FAIL-certain.
+TEST(ComparePolicy, OneElementOff64UlpsFails) {
+  const zoo::Case c = find_case("prefill_64_sinks");
+  zoo::Result r = run_impl({"plain"}, c, io::DType::f32);
+  const index_t at = zoo::one_element_off(r.out, io::DType::f32, 64);
+  const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+  ASSERT_EQ(rep.tensors.size(), 1u);
+  const verify::TensorReport& t = rep.tensors[0];
+  EXPECT_FALSE(t.passed) << verify::format_report(rep);
+  EXPECT_EQ(t.violations, 1);
+  EXPECT_FALSE(t.certain_failure);
+  ASSERT_FALSE(t.first_mismatches.empty());
+  const index_t d = c.q.dim(3);
+  const std::string where = "out[0, " + std::to_string(at / (64 * d)) + ", " + std::to_string((at / d) % 64) + ", " +
+                            std::to_string(at % d) + "]";
+  EXPECT_EQ(t.first_mismatches[0].rfind(where, 0), 0u) << t.first_mismatches[0];
+  EXPECT_TRUE(check(c, outputs_of(r, io::DType::f32, {"out"}), verify::Policy::worst_case).passed);
+}
+
+// A gross mistake is outside even the certain bound: FAIL-certain, in the report and the JSON.
+TEST(ComparePolicy, GrossMistakeIsFailCertain) {
+  const zoo::Case c = find_case("prefill_64_sinks");
+  const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(zoo::Bug::null_dropped), c, io::DType::f32),
+                                                        io::DType::f32, {"out", "lse"}));
+  EXPECT_FALSE(rep.passed);
+  for (const auto& t : rep.tensors) EXPECT_TRUE(t.certain_failure) << t.name;
+  EXPECT_NE(verify::format_report(rep).find("verdict: FAIL-certain"), std::string::npos) << verify::format_report(rep);
+  EXPECT_NE(verify::report_json(rep).find("\"verdict\":\"FAIL-certain\""), std::string::npos);
+}
+
+// The probabilistic bound of the engine's fast oracle is the definition of oasis/prob_bounds.hpp
+// and its worst-case bound that of oasis/error_bounds.hpp: on a case with GQA, padding and sinks
+// both oracles give the same verdicts, and for f32 and bf16 outputs the same worst ratios to 1e-6
+// (the fast oracle's reference is within ~1e-16 of the exact one, the errors are ~1e-8; for f64
+// outputs the two differ by as much as the errors themselves, and the decisions are mp50's).
+TEST(ComparePolicy, FastOracleAgreesWithMp50) {
+  zoo::Case c = zoo::make_case("agree", 2, 4, 2, 9, 13, 16, true, true, 1.0, 1.0, 77);
+  c.opt.key_lengths = {13, 6};
+  for (const zoo::Impl& im : {zoo::Impl{"plain"}, zoo::Impl{"online", zoo::Algo::online, 4}, mutant(zoo::Bug::null_twice)})
+    for (io::DType d : {io::DType::f32, io::DType::bf16, io::DType::f64}) {
+      const io::TensorMap out = outputs_of(run_impl(im, c, d == io::DType::f64 ? io::DType::f32 : d), d);
+      std::string opts = "{\"causal\": true, \"key_lengths\": [13, 6], \"null_logits\": [";
+      for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+        char b[40];
+        std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+        opts += b;
+      }
+      const io::json::Value ov = io::json::parse(opts + "]}");
+      verify::CompareOptions fast, slow;
+      slow.oracle = verify::Oracle::mp50;
+      const verify::CompareReport rf = verify::check("attention", inputs_of(c), out, ov, fast);
+      const verify::CompareReport rs = verify::check("attention", inputs_of(c), out, ov, slow);
+      ASSERT_EQ(rf.tensors.size(), rs.tensors.size());
+      EXPECT_EQ(rf.passed, rs.passed) << im.name;
+      for (std::size_t i = 0; i < rf.tensors.size(); ++i) {
+        const auto &a = rf.tensors[i], &b = rs.tensors[i];
+        EXPECT_EQ(a.violations, b.violations) << im.name << " " << a.name;
+        EXPECT_EQ(a.violations_certain, b.violations_certain) << im.name << " " << a.name;
+        if (d == io::DType::f64) continue;
+        EXPECT_NEAR(a.worst_ratio, b.worst_ratio, 1e-6 * std::max(1.0, b.worst_ratio)) << im.name << " " << a.name;
+        EXPECT_NEAR(a.worst_ratio_certain, b.worst_ratio_certain, 1e-6 * std::max(1.0, b.worst_ratio_certain))
+            << im.name << " " << a.name;
+      }
+    }
+}

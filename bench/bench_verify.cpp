@@ -2,7 +2,8 @@
 // of a whole attention layer or depth router with the fast oracle (wall time of
 // verify::check, the implementation's outputs computed beforehand by the fast CPU backend), and
 // the mp50 oracle's time for the same check extrapolated from a random sample of rows
-// (`mp50_s_estimate`, `speedup_vs_mp50`). A check that does not PASS aborts the run.
+// (`mp50_s_estimate`, `speedup_vs_mp50`), and the process CPU time of the check (`cpu_s`, all
+// threads). A check that does not PASS aborts the run.
 //
 //   BM_Verify_attention_causal/...   [1, 32, 4096, 128] causal Softmax1, float32
 //   BM_Verify_attention_gptoss/...   [1, 64, 4096, 64] causal, 8 kv heads, sinks in [-3, 3]
@@ -11,6 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <ctime>
 #include <memory>
 #include <random>
 
@@ -102,10 +104,12 @@ static void verify_bench(benchmark::State& state, Problem& p) {
   verify::CompareOptions co;
   co.show = 3;
   verify::CompareReport rep;
-  double seconds = 0;
+  double seconds = 0, cpu_seconds = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();  // process CPU time, every thread
     rep = verify::check(p.op, p.in, p.out, p.options, co);
+    cpu_seconds = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!rep.passed) abort_run(p.op + " check did not pass:\n" + verify::format_report(rep));
@@ -117,6 +121,9 @@ static void verify_bench(benchmark::State& state, Problem& p) {
   if (!mp.passed) abort_run(p.op + " mp50 sample did not pass:\n" + verify::format_report(mp));
   const double mp50_s = per_row * static_cast<double>(p.rows);
   state.counters["check_s"] = seconds;
+  // CPU seconds of all threads: on a busy shared machine wall time overstates the work; with
+  // OASIS_BENCH_THREADS threads and no other load the wall time is about cpu_s / threads
+  state.counters["cpu_s"] = cpu_seconds;
   state.counters["mp50_s_estimate"] = mp50_s;
   state.counters["speedup_vs_mp50"] = seconds > 0 ? mp50_s / seconds : 0.0;
   state.SetLabel(rep.oracle);

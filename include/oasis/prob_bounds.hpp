@@ -57,14 +57,15 @@ struct ProbRow {
 inline double prob_kappa2(double zeta2, double z, double M) { return zeta2 + 2.0 * (z - M) * (z - M) + 5.0; }
 
 /// The row model: z (exact logits, -inf masked), zeta2 (per logit, may be null = 0), m terms; the
-/// null logit s with zeta2_s (softmax1); sigma; exact p, p_null, LSE.
+/// null logit s with zeta2_s (softmax1); sigma; exact p, p_null, LSE. per_term = false leaves
+/// ProbRow::p empty (the bounds of the individual p_j are not needed).
 inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
-                        double sigma, const double* p_ref, double p_null_ref, double lse_ref) {
+                        double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term = true) {
   OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer", "no derived error bound for ",
                 to_string(kind), " (bounds cover softmax and softmax1)");
   ProbRow r;
   r.kappa2.assign(static_cast<std::size_t>(m), 0.0);
-  r.p.assign(static_cast<std::size_t>(m), 0.0);
+  if (per_term) r.p.assign(static_cast<std::size_t>(m), 0.0);
   r.sigma = sigma;
   const bool has_null = kind == RowNorm::softmax1;
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
@@ -92,7 +93,7 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
   if (has_null)
     r.p_null = p_null_ref * std::sqrt(std::max(0.0, r.kappa2_null * (1.0 - 2.0 * p_null_ref) + common +
                                                         (s - lse_ref) * (s - lse_ref) + 4.0 + sigma * sigma));
-  for (index_t j = 0; j < m; ++j) {
+  for (index_t j = 0; j < m && per_term; ++j) {
     if (std::isinf(z[j])) continue;
     const double d = z[j] - lse_ref;
     r.p[static_cast<std::size_t>(j)] =

@@ -23,7 +23,10 @@ index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias,
                 std::vector<double>& w, bounds::ProbRow& pr) {
   const index_t m = r.m();
-  std::vector<double> z(static_cast<std::size_t>(m)), zc(z.size()), zeta2(z.size());
+  thread_local std::vector<double> z, zc, zeta2;  // reused row buffers
+  z.resize(static_cast<std::size_t>(m));
+  zc.assign(z.size(), 0.0);
+  zeta2.assign(z.size(), 0.0);
   r.masked.assign(static_cast<std::size_t>(m), 0);
   double maxQ = 0, maxz = 0;
   for (index_t j = 0; j < m; ++j) {
@@ -44,7 +47,7 @@ void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* 
   const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, z.data(), zc.data(), m, s,
                                                 std::abs(s), r.p.data(), r.p_null, r.lse);
   pr = bounds::prob_row(c.opt.normalizer, z.data(), zeta2.data(), m, s, s * s, c.scale * maxQ + maxz, r.p.data(), r.p_null,
-                        r.lse);
+                        r.lse, c.probs_needed);
   r.p_wc = b1.p;
   r.lse_wc = b1.lse;
   r.p_null_wc = b1.p_null;
@@ -161,8 +164,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   }
   // the weights of the mixing sums, stacked so that each product reads adjacent rows:
   // [W2; P; W] (3n x Lp) and G (n x Lp)
-  ws.P3.assign(3 * nL, 0.0);
-  ws.W2.assign(nL, 0.0);
+  ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
+  ws.W2.resize(nL);
   std::vector<bounds::ProbRow> prs(static_cast<std::size_t>(n));
   std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sp(static_cast<std::size_t>(n), 0.0);
   const std::size_t first = out.size();
@@ -178,7 +181,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     const double* dot = ws.S.data() + r * Lp + off;
     const double* Q = ws.AQ.data() + r * Lp + off;
     bias.assign(static_cast<std::size_t>(m), 0.0);
-    for (index_t j = 0; j < m; ++j) bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, ts[r], row.kr.begin + j);
+    if (!c.opt.bias.empty())
+      for (index_t j = 0; j < m; ++j) bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, ts[r], row.kr.begin + j);
     // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
     // the maximal one, whose exponential is exactly 1)
     row.p.assign(static_cast<std::size_t>(m), 0.0);
@@ -209,6 +213,11 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.lse = M + std::log1p(rest);
     }
     row_pieces(c, row, dot, Q, bias.data(), w, prs[static_cast<std::size_t>(r)]);
+    for (double* base : {ws.P3.data() + r * Lp, ws.P3.data() + nL + r * Lp, ws.P3.data() + 2 * nL + r * Lp,
+                         ws.W2.data() + r * Lp}) {
+      std::fill(base, base + off, 0.0);
+      std::fill(base + off + m, base + Lp, 0.0);
+    }
     double* W2 = ws.P3.data() + r * Lp + off;
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
@@ -245,6 +254,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     row.absv.assign(row.out.size(), 0.0);
     row.out_R.assign(row.out.size(), 0.0);
     row.rho_out.assign(row.out.size(), 0.0);
+    row.err_out.assign(row.out.size(), 0.0);
     const double* pe = pk.vabs_prefix.data() + row.kr.end * dv;
     const double* pb = pk.vabs_prefix.data() + row.kr.begin * dv;
     for (index_t x = 0; x < dv; ++x) {
@@ -264,6 +274,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       // the pieces at the double reference: p within its relative error, A within eA, and the
       // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
       const double eA = row.out_bounds(x, dp).wc;
+      row.err_out[xu] = eA;
       const double mag = X2 + 2.0 * std::abs(A * X1) + A * A * sw[ru] + Y2 + A * A * (2.0 + sp[ru]);
       const double R2 = row.out_R[xu] * row.out_R[xu];
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min()) +
@@ -336,7 +347,7 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
   row_pieces(c, row, dot.data(), Q.data(), bias.data(), w, pr);
   row.rho = 0;
   row.G1.assign(static_cast<std::size_t>(dv), 0.0);
-  row.V1 = row.absv = row.out_R = row.rho_out = row.G1;
+  row.V1 = row.absv = row.out_R = row.rho_out = row.err_out = row.G1;
   for (index_t x = 0; x < dv; ++x) {
     double V1 = 0, G1 = 0, absv = 0;
     std::vector<double> vc(static_cast<std::size_t>(m));

@@ -29,6 +29,7 @@ struct AttnCall {
   const AttentionOptions& opt;  ///< validated; bias already combined with a mask
   AttentionShape s;
   double scale;                 ///< opt.scale or 1/sqrt(d_h) in double
+  bool probs_needed = true;     ///< the bounds of the individual probabilities are computed
 
   AttnCall(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionOptions& o);
   index_t rows() const { return s.B * s.H * s.Tq; }
@@ -72,6 +73,7 @@ struct AttnRow {
   double lse_R = 0, p_null_R = 0;
   double rho = 0;                        ///< relative uncertainty of the pieces (fast oracle)
   std::vector<double> rho_out;           ///< per c, for out
+  std::vector<double> err_out;           ///< per c: the fast oracle's own error bound on out (0 when exact)
 
   index_t m() const { return kr.count(); }
   ElemBounds out_bounds(index_t c, const bounds::Precision& pr) const;

@@ -53,7 +53,7 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
       hi = r.out[static_cast<std::size_t>(e)];
       if (r.exact) exact = &r.out_mp[static_cast<std::size_t>(e)];
       eb = r.out_bounds(e, t.pr);
-      own = r.exact ? ElemBounds{} : r.out_bounds(e, dp);
+      own.wc = r.err_out[static_cast<std::size_t>(e)];
       mix = r.V1[static_cast<std::size_t>(e)];
       rho = r.rho_out[static_cast<std::size_t>(e)];
       break;
@@ -139,7 +139,8 @@ CompareReport run(const OpCall& call) {
       for (index_t i = 0; i < mb.size(); ++i) a.bias[i] += mb[i];
     }
   }
-  const AttnCall c(q.values, k.values, v.values, a);
+  AttnCall c(q.values, k.values, v.values, a);
+  c.probs_needed = out.count("probs") > 0;
   const Shape out_shape = c.bthd() ? Shape{c.s.B, c.s.Tq, c.s.H, c.s.d_v} : Shape{c.s.B, c.s.H, c.s.Tq, c.s.d_v};
   const std::map<std::string, std::pair<Kind, Shape>> known = {
       {"out", {Kind::out, out_shape}},

@@ -15,7 +15,7 @@ namespace oasis::verify::kernels {
 using idx = std::int64_t;
 
 /// Column count that every B and C passed to oracle_gemm must be a multiple of.
-inline constexpr idx kColumnQuantum = 16;
+inline constexpr idx kColumnQuantum = 32;
 
 struct Gemm {
   const char* isa;

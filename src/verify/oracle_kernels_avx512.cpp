@@ -16,7 +16,7 @@ namespace oasis::verify::kernels::avx512_impl {
 constexpr int W = 8;
 typedef double V __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c); }
-constexpr int MR = 8, NC = 2;
+constexpr int MR = 6, NC = 4;
 #define ISA_NAME "avx512"
 #include "oracle_kernels_impl.inc"
 #undef ISA_NAME

@@ -272,7 +272,8 @@ inline Result attention(const Impl& im, const Tensor<float>& q, const Tensor<flo
           } else {
             for (index_t c = 0; c < s.d_h; ++c) dot += qt[c] * kj[c];
           }
-          for (index_t c = 0; c < s.d_h; ++c) dd += static_cast<double>(qt[c]) * static_cast<double>(kj[c]);
+          if (im.algo == Algo::in_double)
+            for (index_t c = 0; c < s.d_h; ++c) dd += static_cast<double>(qt[c]) * static_cast<double>(kj[c]);
           const double bias = attention_bias(opt, b, h, t, kr.begin + j);
           z[static_cast<std::size_t>(j)] = scale * dot + static_cast<float>(bias);
           zd[static_cast<std::size_t>(j)] = scaled * dd + bias;

@@ -163,6 +163,64 @@ TEST(ComparePolicy, OneElementOff64UlpsFails) {
   EXPECT_TRUE(check(c, outputs_of(r, io::DType::f32, {"out"}), verify::Policy::worst_case).passed);
 }
 
+// The engine's bounds are the definitions: on a case with GQA, padding, sinks, a window, a bias
+// and the bthd layout, the worst err/bound of each tensor under the probabilistic and the
+// worst-case policy equals the one computed from oasis::bounds::prob_attention_bounds and
+// attention_bounds on the mp50 reference (to 1e-9; the underflow floors, ~1e-44, are left out).
+TEST(ComparePolicy, BoundsAreTheDefinitions) {
+  zoo::Case c = zoo::make_case("definition", 2, 4, 2, 7, 11, 16, true, true, 1.0, 1.0, 91);
+  auto rng = oasis::test::make_rng(92);
+  c.opt.key_lengths = {11, 8};
+  c.opt.window = 5;
+  c.opt.bias = oasis::test::randn<double>({2, 1, 7, 11}, rng, 0.3);
+  c.opt.bias[17] = -INFINITY;
+  c.opt.layout = oasis::AttentionLayout::bthd;
+  const Tensor<float> q = oasis::swap_head_time(c.q), k = oasis::swap_head_time(c.k), v = oasis::swap_head_time(c.v);
+  oasis::AttentionOptions o = c.opt;
+  o.return_probs = true;
+  const auto mine = oasis::token_attention(q, k, v, o);  // the implementation: the float reference
+  const auto ref = oasis::token_attention(q.cast<oasis::mp50>(), k.cast<oasis::mp50>(), v.cast<oasis::mp50>(), o);
+  const auto wc = oasis::bounds::attention_bounds(q, k, v, o, ref);
+  const auto pb = oasis::bounds::prob_attention_bounds(q, k, v, o, ref);
+  io::TensorMap in{{"q", {io::DType::f32, q.cast<double>()}}, {"k", {io::DType::f32, k.cast<double>()}},
+                   {"v", {io::DType::f32, v.cast<double>()}}, {"bias", {io::DType::f64, c.opt.bias}}};
+  io::TensorMap out{{"out", {io::DType::f32, mine.out.cast<double>()}}, {"lse", {io::DType::f32, mine.lse.cast<double>()}},
+                    {"p_null", {io::DType::f32, mine.p_null.cast<double>()}}, {"probs", {io::DType::f32, mine.probs.cast<double>()}}};
+  std::string opts = "{\"causal\": true, \"key_lengths\": [11, 8], \"window\": 5, \"layout\": \"bthd\", \"null_logits\": [";
+  for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+    opts += b;
+  }
+  const io::json::Value ov = io::json::parse(opts + "]}");
+  const double u = std::ldexp(1.0, -24);
+  for (verify::Policy pol : {verify::Policy::probabilistic, verify::Policy::worst_case})
+    for (verify::Oracle oracle : {verify::Oracle::fast, verify::Oracle::mp50}) {
+      verify::CompareOptions co;
+      co.policy = pol;
+      co.oracle = oracle;
+      const verify::CompareReport r = verify::check("attention", in, out, ov, co);
+      EXPECT_TRUE(r.passed) << verify::format_report(r);
+      for (const auto& t : r.tensors) {
+        const Tensor<oasis::mp50>& rt = t.name == "out" ? ref.out : t.name == "lse" ? ref.lse : t.name == "p_null" ? ref.p_null : ref.probs;
+        const Tensor<double>& w = t.name == "out" ? wc.out : t.name == "lse" ? wc.lse : t.name == "p_null" ? wc.p_null : wc.probs;
+        const Tensor<double>& R = t.name == "out" ? pb.out : t.name == "lse" ? pb.lse : t.name == "p_null" ? pb.p_null : pb.probs;
+        double worst = 0;
+        for (index_t i = 0; i < rt.size(); ++i) {
+          const double rd = static_cast<double>(rt[i]);
+          if (!std::isfinite(rd)) continue;
+          const double err = static_cast<double>(abs(oasis::mp50(out.at(t.name).values[i]) - rt[i]));
+          const double certain = 0.5 * io::dtype_ulp(io::DType::f32, rd) + 2.0 * w[i];
+          const double policy = pol == verify::Policy::worst_case
+                                    ? certain
+                                    : std::min(certain, 0.5 * io::dtype_ulp(io::DType::f32, rd) + 1.02 * verify::kLambda * u * R[i]);
+          if (policy > 0) worst = std::max(worst, err / policy);
+        }
+        EXPECT_NEAR(t.worst_ratio, worst, 1e-9 * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
+      }
+    }
+}
+
 // A gross mistake is outside even the certain bound: FAIL-certain, in the report and the JSON.
 TEST(ComparePolicy, GrossMistakeIsFailCertain) {
   const zoo::Case c = find_case("prefill_64_sinks");

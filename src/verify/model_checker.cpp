@@ -312,8 +312,8 @@ struct ModelChecker::Impl {
     }
     const DepthOptions dopt = om::router_depth_options(c, m.theta_of(R.params));
     Tight x{attn_res_route(s3.cast<mp50>(), g2.cast<mp50>(), ps.cast<mp50>(), kinds, dopt), {}};
-    x.b = wide ? bounds::depth_route_bounds(s3, g2, ps, kinds, dopt, x.ref)
-               : bounds::depth_route_bounds(s3.cast<float>(), g2.cast<float>(), ps.cast<float>(), kinds, dopt, x.ref);
+    x.b = wide ? bounds::depth_route_bounds(s3, ps, kinds, dopt, x.ref)
+               : bounds::depth_route_bounds(s3.cast<float>(), ps.cast<float>(), kinds, dopt, x.ref);
     return x;
   }
 

@@ -319,7 +319,7 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   sinks.emplace("sinks", io::StoredTensor{io::DType::f32, Tensor<double>({4})});
   io::write_safetensors(dir + "/sinks.safetensors", sinks);
   expect_error(R"({"op": "attention", "inputs": "sinks.safetensors", "outputs": "outputs.safetensors"})",
-               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits)");
+               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits, bias, mask)");
   // key_lengths of the wrong size: the oracle's own argument check names it
   expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "outputs.safetensors", "options": {"key_lengths": [1]}})",
                "key_lengths");

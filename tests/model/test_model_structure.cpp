@@ -54,7 +54,8 @@ TEST(ModelStructure, BlockAttnResSourceSetSizes) {
   }
   EXPECT_EQ(r.trace[8].kind, om::SublayerKind::readout);
   // b_0 is the embedding, then completed blocks; the last candidate of a block's second layer is partial.
-  EXPECT_EQ(r.trace[3].source_names, (std::vector<std::string>{"embedding", "block 1", "block 2 (partial)"}));
+  EXPECT_EQ(r.trace[3].source_names,
+            (std::vector<std::string>{"embedding", "block 1 (layers.0.attn .. layers.0.mlp)", "block 2 (layers.1.attn, partial)"}));
 }
 
 TEST(ModelStructure, FullAttnResSourceSetSizes) {
@@ -511,7 +512,7 @@ TEST(ModelStructure, UnevenBlocksFollowBlockSizes) {
   for (std::size_t l = 0; l < 7; ++l) EXPECT_EQ(r.trace[l].source_kinds.size(), want[l]) << r.trace[l].name;
   // block 4 is layers.2.mlp alone: head-less, inheriting the psi of layers.2.attn
   EXPECT_EQ(r.trace[6].source_kinds.back(), SourceKind::headless);
-  EXPECT_EQ(r.trace[6].source_names.back(), "block 4");
+  EXPECT_EQ(r.trace[6].source_names.back(), "block 4 (layers.2.mlp)");
   om::ModelConfig u = c;
   u.block_sizes = {2, 2, 2};
   om::ModelConfig s = c;

@@ -136,7 +136,7 @@ inline Tensor<double> drop_key_columns(const Tensor<double>& probs, index_t offs
 
 /// Means over (b, t >= 1) of the pathology terms and score (N_t = {0}). AttnRes: Definition 5.1
 /// on the final readout router (`readout`); original backbone: Definition 5.2 on the last
-/// attention layer. rows: attention sublayer name -> head-mean rows [B, T, T].
+/// attention layer. rows: "<attention sublayer>.output" (the source name of its output) -> head-mean rows [B, T, T].
 inline void pathology_means(const SublayerTrace<double>* readout, const std::map<std::string, Tensor<double>>& rows,
                             const std::string& last_attention, VariantRow& r) {
   const Tensor<double>& any = rows.at(last_attention);
@@ -252,8 +252,9 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
         pn += null_mass(pnull);
         r.bos_mass += bos_mass(p);
         r.entropy += attention_entropy(p, pnull);
-        mean_rows[tr.name] = head_mean_rows(tr.attn_probs, offset);
-        last_attention = tr.name;
+        // keyed by the name the routers give this sublayer's output as a candidate (wiring.hpp)
+        mean_rows[tr.name + ".output"] = head_mean_rows(tr.attn_probs, offset);
+        last_attention = tr.name + ".output";
         probs.push_back(p);
         ++n_att;
       }

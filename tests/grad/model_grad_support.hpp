@@ -4,6 +4,7 @@
 // double, where the model holds it); the loss L = sum(logits * R) with a fixed random R.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +30,9 @@ struct ModelCase {
   std::string name;
   om::ModelConfig cfg;
   index_t B = 2, T = 3;
+  /// The mp50 forward is smooth at the test points, so finite differences apply (false: norms
+  /// evaluated in float32, piecewise constant at mp50's resolution).
+  bool smooth = true;
 };
 
 inline om::ModelConfig tiny(Variant v, om::RouterFamily r) {
@@ -46,7 +50,8 @@ inline om::ModelConfig tiny(Variant v, om::RouterFamily r) {
 }
 
 /// Every router family, readout, variant (coupling on/off, Softmax1/softmax at both levels), psi
-/// estimator, head-less rule, q/k norm, GQA, key-norm gain, tied embeddings, uneven blocks.
+/// estimator, head-less rule, q/k norm, GQA, key-norm gain, tied embeddings, uneven blocks (a last
+/// block shorter than S; explicit block_sizes), norms evaluated in float32.
 inline std::vector<ModelCase> model_cases() {
   using om::Readout;
   using om::RouterFamily;
@@ -73,6 +78,21 @@ inline std::vector<ModelCase> model_cases() {
     c.block_size = 3;
     c.tie_embeddings = true;
     v.push_back({"kimi_block3_oasis_tied", c});
+  }
+  {  // explicit uneven blocks 2, 2, 1, 1 over 6 sublayers (ModelConfig::block_sizes): block 3 is
+     // layers.2.attn alone, block 4 layers.2.mlp alone (head-less, inheriting the psi of
+     // layers.2.attn); the final AttnRes readout routes over all five sources
+    om::ModelConfig c = tiny(Variant::oasis, RouterFamily::kimi_block);
+    c.n_blocks = 3;
+    c.block_sizes = {2, 2, 1, 1};
+    v.push_back({"kimi_blocks_2211", c});
+  }
+  {  // every norm evaluated in float32 (pre-norms, q/k norms, final norm; the depth key norm too)
+    om::ModelConfig c = tiny(Variant::oasis, RouterFamily::kimi_full);
+    c.norm_float32 = true;
+    c.qk_norm = true;
+    c.key_norm.compute_in_float32 = true;
+    v.push_back({"kimi_full_norm_float32", c, 2, 3, false});
   }
   {  // the no_evidence head-less rule and the authors' centring and clamps on the Kimi router
     om::ModelConfig c = tiny(Variant::oasis, RouterFamily::kimi_full);
@@ -186,6 +206,8 @@ inline std::vector<std::pair<ModelMutant, std::string>> mutant_cases() {
           {ModelMutant::inherited_psi_dropped, "authors_oasis"},
           {ModelMutant::tied_head_not_summed, "kimi_block3_oasis_tied"},
           {ModelMutant::block_sum_last_term_only, "kimi_block2_oasis_sum_mass"},
+          {ModelMutant::block_sum_last_term_only, "kimi_blocks_2211"},
+          {ModelMutant::inherited_psi_dropped, "kimi_blocks_2211"},
           {ModelMutant::block_psi_mean_undivided, "kimi_block3_oasis_tied"}};
 }
 
@@ -195,25 +217,39 @@ inline ModelCase case_named(const std::string& name) {
   throw std::runtime_error("no model case " + name);
 }
 
-/// The backward with one mistake (ModelMutant::none: exactly model_backward).
+/// The backward with one mistake (ModelMutant::none: exactly model_backward), made by editing the
+/// recorded schedule (an add that passes its gradient to one term; a candidate whose psi reaches
+/// no attention branch) or the routers' gradients before use.
 template <class T>
 om::ModelGrads<T> mutant_backward(const om::Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
                                   const Tensor<T>& dlogits, ModelMutant mu) {
-  om::detail::ModelTape<T> tp = om::detail::record_forward(m, m.embed(ids, B, Tn), B, Tn);
-  for (auto& s : tp.steps) {
-    if (!s.is_router) continue;
-    for (std::size_t k = 0; k < s.candidates.size(); ++k) {
-      om::detail::NodeSum& c = s.candidates[k];
-      if ((mu == ModelMutant::residual_not_split || mu == ModelMutant::block_sum_last_term_only) && c.nodes.size() > 1)
-        c.nodes.erase(c.nodes.begin(), c.nodes.end() - 1);
-      if (mu == ModelMutant::inherited_psi_dropped && s.route.kinds[k] == SourceKind::headless) c.psi_from.clear();
-      if (mu == ModelMutant::block_psi_mean_undivided) c.psi_div = std::min<index_t>(c.psi_div, 1);
-    }
+  om::detail::ModelTape<T> tp = om::detail::record_forward(m, m.embed(ids, B, Tn), B, Tn, om::ForwardOptions{});
+  om::ForwardSchedule& S = tp.schedule;
+  if (mu == ModelMutant::residual_not_split || mu == ModelMutant::block_sum_last_term_only) {
+    // every sum a router reads as a candidate passes its gradient to its last term only
+    std::vector<bool> candidate(static_cast<std::size_t>(S.slots), false);
+    for (const auto& s : S.steps)
+      if (s.kind == om::ScheduledStep::Kind::router)
+        for (index_t k : s.in) candidate[static_cast<std::size_t>(k)] = true;
+    for (auto& s : S.steps)
+      if (s.kind == om::ScheduledStep::Kind::add && candidate[static_cast<std::size_t>(s.out)]) s.in.erase(s.in.begin());
+  }
+  if (mu == ModelMutant::inherited_psi_dropped)
+    for (auto& r : S.wiring.routers)
+      for (auto& c : r.candidates)
+        if (c.kind == SourceKind::headless) c.psi_from.clear();
+  if (mu == ModelMutant::block_psi_mean_undivided) {  // dpsi / n to each of n branches becomes dpsi to each
+    const om::ModelWiring& w = S.wiring;
+    tp.adjust_route = [&w](om::RouteGrads<T>& g, index_t r) {
+      const auto& cands = w.routers[static_cast<std::size_t>(r)].candidates;
+      for (std::size_t i = 0; i < cands.size(); ++i)
+        for (index_t t = 0; t < g.depth.psi.dim(1); ++t)
+          g.depth.psi(static_cast<index_t>(i), t) *= T(static_cast<double>(std::max<std::size_t>(cands[i].psi_from.size(), 1)));
+    };
   }
   if (mu == ModelMutant::router_keys_missing)
-    tp.adjust_route = [](om::RouteGrads<T>& g, const om::detail::TapeStep<T>&) { g.sources = g.depth.sources; };
-  if (mu == ModelMutant::theta_dropped)
-    tp.adjust_route = [](om::RouteGrads<T>& g, const om::detail::TapeStep<T>&) { g.depth.theta = T(0); };
+    tp.adjust_route = [](om::RouteGrads<T>& g, index_t) { g.sources = g.depth.sources; };
+  if (mu == ModelMutant::theta_dropped) tp.adjust_route = [](om::RouteGrads<T>& g, index_t) { g.depth.theta = T(0); };
   if (mu == ModelMutant::tied_head_not_summed) tp.tied_head_into_embedding = false;
   om::ModelGrads<T> g = om::detail::backward_from_tape(m, tp, dlogits, Tensor<T>());
   om::detail::accumulate_embedding_table(g, ids);

@@ -1,7 +1,7 @@
 // The model layers' backward (oasis/grad/layers_backward.hpp) in float and double against mp50 on
-// the same inputs, within derived bounds, plus the transpose identity of RoPE and two wrong
-// backwards the bounds reject. (Every layer is also checked against mp50 finite differences
-// inside the whole model, test_model_backward.cpp.)
+// the same inputs, within derived bounds, plus the transpose identity of RoPE, two wrong
+// backwards the bounds reject, and storage rounding taken straight through. (Every layer is also
+// checked against mp50 finite differences inside the whole model, test_model_backward.cpp.)
 //
 // Derived bounds (first order, inputs and incoming gradients exact in T, every bound x 1.02 plus
 // 2 denorm_min(T)): a recursive sum of n products has absolute error <= n u sum |terms|; exp
@@ -13,6 +13,12 @@
 //   SwiGLU    sg = sigmoid(a) (relative 4u), s = a sg (5u), f = sg + s (1 - sg):
 //             |df| <= 4u sg + 7u |s| + u |f|  (|d(1 - sg)| <= 4u sg + u (1 - sg), |d(s(1 - sg))| <= 7u |s|);
 //             da = (dm b) f:  |dm b| |df| + 2u |da|;   db = dm s:  6u |dm s|
+//   RMSNorm   per row (per head for the q/k norm) rms_norm_row_backward is the pseudo-query
+//             backward with one candidate, dL/dg = 1 and w = dy (dy_c = 1 w_c exactly), so its
+//             bound is bounds::pseudo_query_logits_backward_bounds' (docs/tolerances.md,
+//             "Backward"); evaluated in float32 (ModelConfig::norm_float32) that bound includes
+//             float32 arithmetic and the casts of x, gain and dy. dgain sums the rows' terms in T:
+//             the rows' bounds plus (rows) u sum_r |dy_rc xhat_rc| (x 1.02).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,7 +26,10 @@
 #include <limits>
 #include <string>
 
+#include "oasis/grad/backward_bounds.hpp"
 #include "oasis/grad/layers_backward.hpp"
+#include "oasis/io/dtype.hpp"
+#include "oasis/model/model.hpp"
 #include "oasis/multiprecision.hpp"
 #include "oasis_test.hpp"
 
@@ -112,6 +121,47 @@ Ratio swiglu_case(std::uint64_t seed) {
   return q;
 }
 
+/// rms_norm_backward (per_head: head_rms_norm_backward with 2 heads), evaluated in float32 when
+/// f32, against mp50's exact backward (header: the bound).
+template <class T>
+Ratio rms_norm_case(std::uint64_t seed, bool f32, bool per_head) {
+  auto rng = oasis::test::make_rng(seed);
+  const index_t N = 5, H = per_head ? 2 : 1, w = 8, W = H * w;
+  const Tensor<T> x = oasis::test::randn<T>({N, W}, rng), gain = oasis::test::uniform<T>({w}, rng, 0.5, 1.5),
+                  dy = oasis::test::randn<T>({N, W}, rng);
+  const KeyNormOptions opt{1e-6, f32}, exact{1e-6, false};
+  const om::NormGrads<T> g = per_head ? om::head_rms_norm_backward(x, H, w, gain, opt, dy) : om::rms_norm_backward(x, gain, opt, dy);
+  const om::NormGrads<R> h = per_head ? om::head_rms_norm_backward(x.template cast<R>(), H, w, gain.template cast<R>(), exact,
+                                                                   dy.template cast<R>())
+                                      : om::rms_norm_backward(x.template cast<R>(), gain.template cast<R>(), exact,
+                                                              dy.template cast<R>());
+  Tensor<double> bx({N, W}), bg({w}), terms({w});
+  Tensor<T> one({1, 1});
+  one[0] = T(1);
+  for (index_t r = 0; r < N; ++r)
+    for (index_t hh = 0; hh < H; ++hh) {
+      Tensor<T> xs({1, 1, w}), wv({w});
+      for (index_t c = 0; c < w; ++c) {
+        xs[c] = x(r, hh * w + c);
+        wv[c] = dy(r, hh * w + c);
+      }
+      const bounds::PseudoQueryBackwardBounds b = bounds::pseudo_query_logits_backward_bounds(xs, wv, gain, one, opt);
+      double ss = 0;
+      for (index_t c = 0; c < w; ++c) ss += static_cast<double>(xs[c]) * static_cast<double>(xs[c]);
+      const double inv = 1 / std::sqrt(ss / static_cast<double>(w) + 1e-6);
+      for (index_t c = 0; c < w; ++c) {
+        bx(r, hh * w + c) = b.sources[c];
+        bg[c] += b.gain[c];
+        terms[c] += std::abs(static_cast<double>(wv[c]) * static_cast<double>(xs[c]) * inv);
+      }
+    }
+  for (index_t c = 0; c < w; ++c) bg[c] += 1.02 * static_cast<double>(N * H) * unit_roundoff<T>() * terms[c];
+  Ratio q;
+  q.add(per_head ? "head_rms_norm dx" : "rms_norm dx", g.x, h.x, bx);
+  q.add(per_head ? "head_rms_norm dgain" : "rms_norm dgain", g.gain, h.gain, bg);
+  return q;
+}
+
 template <class T>
 void within_bounds(const char* tname) {
   double worst = 0;
@@ -123,6 +173,16 @@ void within_bounds(const char* tname) {
     }
   }
   std::printf("layer backward (%s) vs mp50: worst err / derived bound %.3g\n", tname, worst);
+  double worst_norm = 0, worst_f32 = 0;
+  for (std::uint64_t s = 0; s < 20; ++s)
+    for (bool per_head : {false, true})
+      for (bool f32 : {false, true}) {
+        const Ratio q = rms_norm_case<T>(700 + 4 * s + 2 * per_head + f32, f32, per_head);
+        EXPECT_LE(q.worst, 1.0) << tname << (f32 ? " float32-evaluated" : "") << " seed " << s << ": " << q.first;
+        (f32 ? worst_f32 : worst_norm) = std::max(f32 ? worst_f32 : worst_norm, q.worst);
+      }
+  std::printf("RMSNorm backward (%s) vs mp50: worst err / derived bound %.3g (evaluated in float32: %.3g)\n", tname,
+              worst_norm, worst_f32);
 }
 
 TEST(LayersBackward, FloatAndDoubleWithinDerivedBounds) {
@@ -180,6 +240,58 @@ TEST(LayersBackward, WrongBackwardsFail) {
     worst = std::max(worst, std::abs(static_cast<double>(R(da[i]) - hs.a[i])) / bound);
   }
   EXPECT_GT(worst, 1e3);
+}
+
+/// Storage rounding is straight through (layers_backward.hpp): with a bfloat16 `store` the MLP
+/// sublayer's backward equals the plain one in every gradient that reads no stored value, and
+/// W_down's gradient is the outer product of dL/dout with the stored hidden rows; the attention
+/// sublayer's W_o gradient is that with its stored heads (bitwise); the identity rounding changes
+/// nothing.
+TEST(LayersBackward, StorageRoundingIsStraightThrough) {
+  auto bf16 = [](double x) { return oasis::io::round_to_dtype(x, oasis::io::DType::bf16); };
+  om::ModelConfig cfg;
+  cfg.d_model = 8;
+  cfg.n_heads = 2;
+  cfg.d_ff = 12;
+  cfg.n_blocks = 1;
+  cfg.qk_norm = true;
+  cfg.init_std = 0.4;
+  const om::Model<double> m = om::Model<double>::initialized(cfg, 21);
+  auto rng = oasis::test::make_rng(22);
+  const index_t B = 2, Tn = 4, N = B * Tn, d = cfg.d_model;
+  const Tensor<double> h = oasis::test::randn<double>({N, d}, rng), dout = oasis::test::randn<double>({N, d}, rng),
+                       dpsi = oasis::test::randn<double>({B, Tn}, rng);
+  auto same = [](const Tensor<double>& a, const Tensor<double>& b, const char* what) {
+    for (index_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]) return ::testing::AssertionFailure() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+    return ::testing::AssertionSuccess();
+  };
+  const om::MlpWeights<double> Wm = m.mlp_weights(0);
+  const om::MlpSublayerGrads<double> mp = om::mlp_sublayer_backward(h, Wm, cfg, dout);
+  const om::MlpSublayerGrads<double> ms = om::mlp_sublayer_backward(h, Wm, cfg, dout, +bf16);
+  EXPECT_TRUE(same(ms.h, mp.h, "mlp dh"));
+  EXPECT_TRUE(same(ms.norm, mp.norm, "mlp dnorm"));
+  EXPECT_TRUE(same(ms.gate, mp.gate, "mlp dgate"));
+  EXPECT_TRUE(same(ms.up, mp.up, "mlp dup"));
+  om::Rows<double> hid = om::mlp_hidden(om::Rows<double>{h, {}}, Wm, cfg, om::ErrorModel{});
+  om::store_values(hid.x, +bf16);
+  EXPECT_TRUE(same(ms.down, om::linear_backward(hid.x, *Wm.down, dout).W, "mlp ddown"));
+  bool differs = false;
+  for (index_t i = 0; i < ms.down.size(); ++i) differs = differs || ms.down[i] != mp.down[i];
+  EXPECT_TRUE(differs) << "bfloat16 storage does not reach W_down's gradient";
+
+  const om::AttentionWeights<double> Wa = m.attn_weights(0);
+  const om::AttentionSublayerGrads<double> ap = om::attention_sublayer_backward(h, B, Tn, Wa, cfg, dout, dpsi);
+  const om::AttentionSublayerGrads<double> ai =
+      om::attention_sublayer_backward(h, B, Tn, Wa, cfg, dout, dpsi, +[](double x) { return x; });
+  EXPECT_TRUE(same(ai.h, ap.h, "attention dh (identity rounding)"));
+  EXPECT_TRUE(same(ai.wq, ap.wq, "attention dwq (identity rounding)"));
+  om::KVCache<double> kv;
+  om::SublayerOptions so;
+  so.store = +bf16;
+  const om::AttentionSublayer<double> fwd = om::attention_sublayer(om::Rows<double>{h, {}}, B, Tn, 0, Wa, cfg, kv, om::ErrorModel{}, so);
+  const om::AttentionSublayerGrads<double> as = om::attention_sublayer_backward(h, B, Tn, Wa, cfg, dout, dpsi, +bf16);
+  EXPECT_TRUE(same(as.wo, om::linear_backward(fwd.heads.x, *Wa.wo, dout).W, "attention dwo"));
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // Model backward (SPEC §8): the whole AttnRes model to every parameter and to the embeddings.
-// The recomputed forward is Model::forward bit for bit; mp50 gradients against mp50 central
+// The recorded forward is Model::forward bit for bit; mp50 gradients against mp50 central
 // finite differences of L = sum(logits * R) on tiny models of every router family, readout,
-// variant and psi estimator; input errors named.
+// variant, psi estimator and uneven blocks; norms evaluated in float32 run their backward in
+// float32 (their arithmetic is checked against its derived bound in test_layers_backward.cpp);
+// storage rounding is straight through; input errors and unsupported options named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -13,6 +16,7 @@
 
 #include "fd_support.hpp"
 #include "model_grad_support.hpp"
+#include "oasis/io/dtype.hpp"
 
 using namespace oasis;
 using namespace oasis::model_grad_test;
@@ -27,7 +31,7 @@ R loss(const Tensor<R>& logits, const Tensor<double>& w) {
   return f;
 }
 
-TEST(ModelBackward, RecomputedForwardIsTheForward) {
+TEST(ModelBackward, RecordedForwardIsTheForward) {
   for (const ModelCase& mc : model_cases()) {
     SCOPED_TRACE(mc.name);
     const om::Model<double> m = random_model<double>(mc.cfg, base_seed());
@@ -94,6 +98,74 @@ TEST(ModelBackward, BadInputIsNamed) {
   clipped.token_normalizer = RowNorm::clipped_softmax;
   throws_naming([&] { (void)om::model_backward(om::Model<double>::initialized(clipped, 1), li.ids, mc.B, mc.T, li.R); },
                 "token_normalizer");
+  const oasis::WAQuantConfig w8 = oasis::wa_preset("W8A8");
+  om::ForwardOptions quant;
+  quant.quant = &w8;
+  throws_naming([&] { (void)om::model_backward(m, li.ids, mc.B, mc.T, li.R, {}, quant); }, "quant");
+  om::ForwardOptions bound;
+  bound.error_u = oasis::unit_roundoff<double>();
+  throws_naming([&] { (void)om::model_backward_embeddings(m, li.x, li.R, {}, bound); }, "error_u");
+}
+
+/// Every norm evaluated in float32 (norm_float32): the backward of those norms runs in float32
+/// too (the casts taken as identity), so in a double model dL/d a sublayer's input through its own
+/// function — the backward of its pre-norm, grad_input — is a float32 value everywhere; with the
+/// flag off it is not. (The float32 evaluation is not smooth at mp50's resolution: no finite
+/// differences; its arithmetic is checked against its derived bound in test_layers_backward.cpp.)
+TEST(ModelBackward, Float32NormsRunTheirBackwardInFloat32) {
+  const ModelCase mc = case_named("kimi_full_norm_float32");
+  const LossInputs li = loss_inputs(mc, base_seed());
+  const om::Model<double> m = random_model<double>(mc.cfg, base_seed());
+  om::ModelConfig plain_cfg = mc.cfg;
+  plain_cfg.norm_float32 = false;
+  om::Model<double> plain(plain_cfg);
+  for (const auto& [n, t] : m.parameters()) plain.set_param(n, t);
+  auto float_values = [](const om::ModelGrads<double>& g) {
+    long total = 0, fl = 0;
+    for (const auto& tr : g.trace)
+      for (index_t i = 0; i < tr.grad_input.size(); ++i) {
+        ++total;
+        fl += static_cast<double>(static_cast<float>(tr.grad_input[i])) == tr.grad_input[i];
+      }
+    return std::make_pair(fl, total);
+  };
+  const auto [f32, n32] = float_values(om::model_backward(m, li.ids, mc.B, mc.T, li.R));
+  const auto [f64, n64] = float_values(om::model_backward(plain, li.ids, mc.B, mc.T, li.R));
+  EXPECT_GT(n32, 0);
+  EXPECT_EQ(f32, n32) << "grad_input entries that are not float32 values with norm_float32";
+  EXPECT_LT(f64, n64 / 2) << "without norm_float32 the pre-norm backward is not evaluated in float32";
+}
+
+/// Storage rounding (ForwardOptions::store) is differentiated straight through: the identity
+/// rounding changes no gradient (bitwise); with bfloat16 storage the backward is taken at the
+/// stored forward — its logits are Model::forward's under the same rounding, bit for bit — and
+/// its gradients differ from the plain backward's. (That each step's backward reads the stored
+/// values: test_layers_backward.cpp.)
+TEST(ModelBackward, StorageRoundingIsStraightThrough) {
+  for (const char* name : {"kimi_full_oasis_final", "kimi_blocks_2211", "kimi_block2_oasis_sum_mass", "authors_oasis",
+                           "original"}) {
+    SCOPED_TRACE(name);
+    const ModelCase mc = case_named(name);
+    const om::Model<float> m = random_model<float>(mc.cfg, base_seed());
+    const LossInputs li = loss_inputs(mc, base_seed());
+    const Tensor<float> dl = li.R.cast<float>();
+    const om::ModelGrads<float> plain = om::model_backward(m, li.ids, mc.B, mc.T, dl);
+    om::ForwardOptions same;
+    same.store = [](double x) { return x; };
+    const om::ModelGrads<float> id = om::model_backward(m, li.ids, mc.B, mc.T, dl, {}, same);
+    for (const auto& [n, t] : plain.params)
+      for (index_t i = 0; i < t.size(); ++i) ASSERT_EQ(t[i], id.params.at(n)[i]) << n << "[" << i << "]";
+    for (index_t i = 0; i < plain.embeddings.size(); ++i) ASSERT_EQ(plain.embeddings[i], id.embeddings[i]);
+    om::ForwardOptions bf;
+    bf.store = [](double x) { return oasis::io::round_to_dtype(x, oasis::io::DType::bf16); };
+    const om::ModelGrads<float> g = om::model_backward(m, li.ids, mc.B, mc.T, dl, {}, bf);
+    const Tensor<float> fwd = m.forward(li.ids, mc.B, mc.T, bf).logits;
+    for (index_t i = 0; i < fwd.size(); ++i) ASSERT_EQ(g.logits[i], fwd[i]) << "logit " << i;
+    double changed = 0;
+    for (const auto& [n, t] : plain.params)
+      for (index_t i = 0; i < t.size(); ++i) changed = std::max(changed, std::abs(static_cast<double>(g.params.at(n)[i] - t[i])));
+    EXPECT_GT(changed, 0.0);
+  }
 }
 
 // ---- finite differences ---------------------------------------------------------------------------
@@ -101,8 +173,12 @@ TEST(ModelBackward, BadInputIsNamed) {
 // For a coordinate x of a parameter (or of the input embeddings) the central difference
 // D(h) = (L(x + h) - L(x - h)) / 2h in mp50 satisfies |D(h) - dL/dx| <= h^2/6 M3 + delta_f / h
 // + 2 u50 |D| + delta_g (docs/tolerances.md, "Finite differences"), where
-//   h       = 2^-64 (x +- h exact in mp50: the parameters and embeddings are doubles below 2^3);
-//             theta, which the model holds in double, uses 2^-40 (theta is a multiple of 2^-5);
+//   h       per case, the power of two nearest to (3 delta_f / M3)^(1/3), which minimises
+//             h^2/6 M3 + delta_f / h, within [2^-64, 2^-24] (x +- h exact in mp50: the parameters
+//             and embeddings are doubles below 2^3); theta, which the model holds in double,
+//             uses at least 2^-40 (theta is a multiple of 2^-5). delta_f grows with depth (the
+//             forward bound composes over the sublayers), so a fixed tiny h would leave deeper
+//             models a vacuous delta_f / h;
 //   delta_f the rounding error of one evaluation of L in mp50, derived: the model's first-order
 //             forward error bound of the logits (ForwardOptions::error_u, docs/model.md) with
 //             u = 4 u50 (it assumes exp, log, sin, cos within 2u: 4 u50 allows Boost's functions
@@ -112,13 +188,20 @@ TEST(ModelBackward, BadInputIsNamed) {
 //   M3      a bound on the third derivative of L on [x - h, x + h]. The model is a long
 //             composition and no closed form is derived: the test takes M3 = 1e8 and checks this
 //             assumption at every coordinate with the estimate 3 (L(x + k) - L(x - k) - 2k D(h)) / k^3,
-//             k = 2^-10, requiring it to be at most 1e-3 M3. With h = 2^-64 the truncation term
-//             is then ~5e-32: the assumption could be off by 20 orders of magnitude before it
-//             mattered to a gradient of size 1e-2; theta's step 2^-40 (1.4e-17) leaves 10 orders.
+//             k = 2^-10, requiring it to be at most 1e-3 M3 (the estimates stay below 1e5: the
+//             assumption has three orders of margin where the truncation term is as large as
+//             delta_f / h, and more where h is smaller).
 // A test point lies away from every kink: the authors' clamps (|g| < 50, beta < 10) and the mass
 // deficit's max(0, .) (p_null > 0) are inactive at these scales (asserted).
 
 constexpr double kM3 = 1e8;
+
+/// The finite-difference step of a case with rounding bound delta_f (theta: the coordinate held in double).
+double fd_step(double delta_f, bool theta) {
+  const double best = std::cbrt(3 * delta_f / kM3);
+  const double h = std::clamp(std::exp2(std::round(std::log2(best))), 0x1p-64, 0x1p-24);
+  return theta ? std::max(h, 0x1p-40) : h;
+}
 
 /// Which parameter tensors a case checks: every router and head tensor, the q/k norm of one block,
 /// and three of the nine per-block weight kinds, rotating with the case index (every kind is
@@ -191,10 +274,11 @@ void expect_away_from_kinks(const om::Model<R>& m, const std::vector<index_t>& i
 
 TEST(ModelBackward, FiniteDifferencesEveryFamily) {
   const std::vector<ModelCase> cases = model_cases();
-  double worst = 0, worst_third = 0;
+  double worst = 0, worst_third = 0, h_min = 1, h_max = 0;
   long checked = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const ModelCase& mc = cases[ci];
+    if (!mc.smooth) continue;
     SCOPED_TRACE(mc.name + " (seed " + std::to_string(base_seed()) + ", OASIS_GRAD_SEED)");
     om::Model<R> m = random_model<R>(mc.cfg, base_seed() + ci);
     const LossInputs li = loss_inputs(mc, base_seed() + ci);
@@ -203,6 +287,8 @@ TEST(ModelBackward, FiniteDifferencesEveryFamily) {
     const double delta_f =
         loss_rounding(m, [&](const om::ForwardOptions& o) { return m.forward(li.ids, mc.B, mc.T, o); }, li.R);
     auto rng = oasis::test::make_rng(base_seed() + 100 + ci);
+    h_min = std::min(h_min, fd_step(delta_f, false));
+    h_max = std::max(h_max, fd_step(delta_f, false));
     fd::Summary s;
     auto check = [&](const std::string& label, const R& analytic, const FdPoint& p) {
       s.add(label, analytic, p.D, p.tol);
@@ -223,7 +309,7 @@ TEST(ModelBackward, FiniteDifferencesEveryFamily) {
             m.set_param(name, x0);
             return f;
           },
-          theta ? 0x1p-40 : 0x1p-64, delta_f);
+          fd_step(delta_f, theta), delta_f);
       check(name + "[" + std::to_string(i) + "]", g.params.at(name)[i], p);
     }
     {  // one coordinate of the input embeddings (Model::forward_embeddings)
@@ -237,7 +323,7 @@ TEST(ModelBackward, FiniteDifferencesEveryFamily) {
             x[i] += tau;
             return loss(m.forward_embeddings(x).logits, li.R);
           },
-          0x1p-64, df_x);
+          fd_step(df_x, false), df_x);
       check("embeddings[" + std::to_string(i) + "]", ge.embeddings[i], p);
     }
     EXPECT_TRUE(s.ok()) << s.failed << " of " << s.checked << " gradients off:\n" << s.first;
@@ -245,8 +331,8 @@ TEST(ModelBackward, FiniteDifferencesEveryFamily) {
     checked += s.checked;
   }
   std::printf("model backward vs mp50 finite differences: %ld gradients, worst |analytic - FD| / tol = %.3g, "
-              "worst third-derivative estimate %.3g (assumed M3 = %.0e)\n",
-              checked, worst, worst_third, kM3);
+              "worst third-derivative estimate %.3g (assumed M3 = %.0e), steps h in [2^%.0f, 2^%.0f]\n",
+              checked, worst, worst_third, kM3, std::log2(h_min), std::log2(h_max));
 }
 
 // ---- the zoo ------------------------------------------------------------------------------------
@@ -270,8 +356,9 @@ TEST(ModelBackwardZoo, WithoutMistakeTheSeamsChangeNothing) {
 }
 
 /// Every mutant differs from the oracle somewhere; at the coordinate where it differs most
-/// (relative to the tensor's largest gradient) the mp50 finite difference agrees with the oracle
-/// within its tolerance and rejects the mutant.
+/// relative to the finite difference's tolerance there (fd_point's, with |D| taken as the
+/// oracle's gradient) the mp50 finite difference agrees with the oracle within its tolerance and
+/// rejects the mutant.
 TEST(ModelBackwardZoo, FiniteDifferencesRejectEveryMutant) {
   for (const auto& [mu, cname] : mutant_cases()) {
     const ModelCase mc = case_named(cname);
@@ -281,22 +368,23 @@ TEST(ModelBackwardZoo, FiniteDifferencesRejectEveryMutant) {
     const LossInputs li = loss_inputs(mc, base_seed() + ci);
     const om::ModelGrads<R> g = om::model_backward(m, li.ids, mc.B, mc.T, li.R.cast<R>());
     const om::ModelGrads<R> gm = mutant_backward(m, li.ids, mc.B, mc.T, li.R.cast<R>(), mu);
+    const double delta_f =
+        loss_rounding(m, [&](const om::ForwardOptions& o) { return m.forward(li.ids, mc.B, mc.T, o); }, li.R);
+    auto is_theta = [](const std::string& n) { return n.size() > 6 && n.compare(n.size() - 6, 6, ".theta") == 0; };
     std::string name;
     index_t at = 0;
     double worst = 0;
     for (const auto& [n, t] : g.params) {
-      double scale = 0;
-      for (index_t i = 0; i < t.size(); ++i) scale = std::max(scale, std::abs(static_cast<double>(t[i])));
+      const double h = fd_step(delta_f, is_theta(n));
       for (index_t i = 0; i < t.size(); ++i) {
-        const double rel = std::abs(static_cast<double>(gm.params.at(n)[i] - t[i])) / (scale > 0 ? scale : 1.0);
+        const double tol = h * h / 6 * kM3 + delta_f / h + 2 * fd::u50() * std::abs(static_cast<double>(t[i])) + 1e4 * delta_f;
+        const double rel = std::abs(static_cast<double>(gm.params.at(n)[i] - t[i])) / tol;
         if (rel > worst) { worst = rel; name = n; at = i; }
       }
     }
-    ASSERT_GT(worst, 1e-6) << "the mistake changes no parameter gradient on this case";
-    const double delta_f =
-        loss_rounding(m, [&](const om::ForwardOptions& o) { return m.forward(li.ids, mc.B, mc.T, o); }, li.R);
+    ASSERT_GT(worst, 10.0) << "the mistake changes no parameter gradient beyond the finite differences' resolution";
     const Tensor<R> x0 = m.param(name);
-    const bool theta = name.size() > 6 && name.compare(name.size() - 6, 6, ".theta") == 0;
+    const bool theta = is_theta(name);
     const FdPoint p = fd_point(
         [&](const R& tau) {
           Tensor<R> x = x0;
@@ -306,7 +394,7 @@ TEST(ModelBackwardZoo, FiniteDifferencesRejectEveryMutant) {
           m.set_param(name, x0);
           return f;
         },
-        theta ? 0x1p-40 : 0x1p-64, delta_f);
+        fd_step(delta_f, theta), delta_f);
     fd::Summary ok, bad;
     const std::string label = name + "[" + std::to_string(at) + "]";
     ok.add(label, g.params.at(name)[at], p.D, p.tol);

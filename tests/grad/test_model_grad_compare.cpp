@@ -89,8 +89,8 @@ om::ModelGrads<float> micro_batches(const GradCase& s) {
   return total;
 }
 
-const char* kCases[] = {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "kimi_block3_oasis_tied",
-                        "authors_oasis", "authors_aos_tied", "original"};
+const char* kCases[] = {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "kimi_block3_oasis_tied", "kimi_blocks_2211",
+                        "kimi_full_norm_float32", "authors_oasis", "authors_aos_tied", "original"};
 
 TEST(ModelGradCompare, CorrectImplementationsPass) {
   double worst32 = 0, worst64 = 0;

@@ -54,7 +54,8 @@ TEST(ModelStructure, BlockAttnResSourceSetSizes) {
   }
   EXPECT_EQ(r.trace[8].kind, om::SublayerKind::readout);
   // b_0 is the embedding, then completed blocks; the last candidate of a block's second layer is partial.
-  EXPECT_EQ(r.trace[3].source_names, (std::vector<std::string>{"embedding", "block 1", "block 2 (partial)"}));
+  EXPECT_EQ(r.trace[3].source_names,
+            (std::vector<std::string>{"embedding", "block 1 (layers.0.attn .. layers.0.mlp)", "block 2 (layers.1.attn, partial)"}));
 }
 
 TEST(ModelStructure, FullAttnResSourceSetSizes) {
@@ -511,7 +512,7 @@ TEST(ModelStructure, UnevenBlocksFollowBlockSizes) {
   for (std::size_t l = 0; l < 7; ++l) EXPECT_EQ(r.trace[l].source_kinds.size(), want[l]) << r.trace[l].name;
   // block 4 is layers.2.mlp alone: head-less, inheriting the psi of layers.2.attn
   EXPECT_EQ(r.trace[6].source_kinds.back(), SourceKind::headless);
-  EXPECT_EQ(r.trace[6].source_names.back(), "block 4");
+  EXPECT_EQ(r.trace[6].source_names.back(), "block 4 (layers.2.mlp)");
   om::ModelConfig u = c;
   u.block_sizes = {2, 2, 2};
   om::ModelConfig s = c;
@@ -597,6 +598,61 @@ TEST(ModelStructure, WiringIsWhatTheModelComputes) {
     }
     const Tensor<double> st = value(w.state);
     for (index_t j = 0; j < N * d; ++j) ASSERT_EQ(r.state[j], st[j]) << what << " state";
+  }
+}
+
+// The schedule Model::run executes (oasis/model/schedule.hpp) computes each wired value once: a
+// block of k sublayers costs k - 1 adds (each partial sum extends the previous one), a readout sum
+// over n sources n - 1, the authors' residual candidates one each, the original stream one per
+// sublayer; every step runs once, in the model's order, and every slot but the state is freed
+// once, after its last reader.
+TEST(ModelStructure, ScheduleComputesEachWiredValueOnce) {
+  using Kind = om::ScheduledStep::Kind;
+  struct Want {
+    om::ModelConfig cfg;
+    int adds;
+  };
+  om::ModelConfig s2 = tiny(Variant::oasis, om::RouterFamily::kimi_block, 4);  // 8 sublayers, blocks of 2
+  om::ModelConfig s2sum = s2;
+  s2sum.readout = om::Readout::sum;
+  om::ModelConfig uneven = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  uneven.block_sizes = {2, 2, 1, 1};
+  uneven.readout = om::Readout::last;
+  const std::vector<Want> cases = {{tiny(Variant::oasis, om::RouterFamily::kimi_full, 3), 0},
+                                   {s2, 4},
+                                   {s2sum, 4 + 4},
+                                   {uneven, 2 + 1},  // two blocks of 2, then h_L + v_L
+                                   {tiny(Variant::oasis, om::RouterFamily::authors_code, 3), 6},
+                                   {tiny(Variant::original, om::RouterFamily::kimi_full, 3), 6}};
+  for (const Want& c : cases) {
+    const om::ForwardSchedule S = om::forward_schedule(c.cfg);
+    const std::string what = std::string(om::to_string(c.cfg.router)) + "/" + std::string(oasis::to_string(c.cfg.variant));
+    int adds = 0;
+    std::vector<int> sublayers(S.wiring.sublayers.size(), 0), routers(S.wiring.routers.size(), 0),
+        freed(static_cast<std::size_t>(S.slots), 0);
+    std::vector<std::size_t> last_read(static_cast<std::size_t>(S.slots), 0);
+    index_t next_sublayer = 0;
+    for (std::size_t i = 0; i < S.steps.size(); ++i) {
+      const om::ScheduledStep& st = S.steps[i];
+      if (st.kind == Kind::add) ++adds;
+      if (st.kind == Kind::sublayer) {
+        EXPECT_EQ(st.index, next_sublayer++) << what;
+        ++sublayers[static_cast<std::size_t>(st.index)];
+      }
+      if (st.kind == Kind::router) ++routers[static_cast<std::size_t>(st.index)];
+      for (index_t k : st.in) {
+        EXPECT_EQ(freed[static_cast<std::size_t>(k)], 0) << what << ": slot " << k << " read after it was freed";
+        last_read[static_cast<std::size_t>(k)] = i;
+      }
+      for (index_t k : st.release) ++freed[static_cast<std::size_t>(k)];
+    }
+    EXPECT_EQ(adds, c.adds) << what;
+    for (int n : sublayers) EXPECT_EQ(n, 1) << what;
+    for (int n : routers) EXPECT_EQ(n, 1) << what;
+    for (index_t k = 0; k < S.slots; ++k) EXPECT_EQ(freed[static_cast<std::size_t>(k)], k == S.state ? 0 : 1) << what << " slot " << k;
+    for (std::size_t i = 0; i < S.steps.size(); ++i)
+      for (index_t k : S.steps[i].release)
+        if (k != S.steps[i].out) EXPECT_EQ(last_read[static_cast<std::size_t>(k)], i) << what << " slot " << k;
   }
 }
 

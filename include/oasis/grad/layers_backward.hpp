@@ -19,6 +19,12 @@
 //               a uniform dp_j = c acts on the scores exactly as dp_null = -c)
 //   MLP         W_down m(RMSNorm(h))
 //
+// Norms evaluated in float32 (ModelConfig::norm_float32, KeyNormOptions::compute_in_float32) have
+// their backward evaluated in float32 too (rms_norm_row_backward), the casts taken as identity.
+// Storage rounding (StoreFn `store`, layers.hpp) is straight through: the rounding's derivative
+// is the identity, and every backward reads the stored values its forward step read (q, k, v
+// after RoPE, the heads, the MLP hidden rows) — the sublayer backwards run the forward's own
+// functions with the same `store` to get them.
 // Gated attention, the S2 prefix sink and fake quantisation have no backward here: they are
 // rejected by name. The token normaliser must be softmax or softmax1 (normalize_row_backward).
 #pragma once
@@ -88,14 +94,14 @@ NormGrads<T> rms_norm_backward(const Tensor<T>& x, const Tensor<T>& gain, const 
   return g;
 }
 
-/// Backward of head_rms_norm(x, H, dh, gain, eps) (the per-head q/k norm) given dy [N, H dh].
+/// Backward of head_rms_norm(x, H, dh, gain, opt) (the per-head q/k norm) given dy [N, H dh].
 template <class T>
-NormGrads<T> head_rms_norm_backward(const Tensor<T>& x, index_t H, index_t dh, const Tensor<T>& gain, double eps,
-                                    const Tensor<T>& dy) {
+NormGrads<T> head_rms_norm_backward(const Tensor<T>& x, index_t H, index_t dh, const Tensor<T>& gain,
+                                    const KeyNormOptions& opt, const Tensor<T>& dy) {
   require_rank(x, 2, "x", "[N, H d_h]");
   OASIS_REQUIRE(x.dim(1) == H * dh, "x", "row width ", x.dim(1), " is not H * d_h = ", H * dh);
   const index_t N = x.dim(0);
-  NormGrads<T> g = rms_norm_backward(x.reshaped({N * H, dh}), gain, KeyNormOptions{eps, false}, dy.reshaped({N * H, dh}));
+  NormGrads<T> g = rms_norm_backward(x.reshaped({N * H, dh}), gain, opt, dy.reshaped({N * H, dh}));
   g.x = g.x.reshaped({N, H * dh});
   return g;
 }
@@ -159,11 +165,12 @@ struct AttentionSublayerGrads {
   Tensor<T> q_norm, k_norm;              ///< [d_h] with the q/k norm, else empty
 };
 
-/// Backward of attention_sublayer(h, B, Tn, 0, W, cfg) given dL/dout [N, d] and dL/dpsi [B, Tn]
-/// of the branch's null statistic (empty: 0).
+/// Backward of attention_sublayer(h, B, Tn, 0, W, cfg, ., ., {store}) given dL/dout [N, d] and
+/// dL/dpsi [B, Tn] of the branch's null statistic (empty: 0).
 template <class T>
 AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_t B, index_t Tn, const AttentionWeights<T>& W,
-                                                      const ModelConfig& cfg, const Tensor<T>& dout, const Tensor<T>& dpsi) {
+                                                      const ModelConfig& cfg, const Tensor<T>& dout, const Tensor<T>& dpsi,
+                                                      StoreFn store = nullptr) {
   require_backward_support(cfg);
   OASIS_REQUIRE(!W.gate_w && !W.sink_k, "weights", "gated attention and the prefix sink have no backward here");
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), N = B * Tn, d = cfg.d_model;
@@ -171,18 +178,22 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
   OASIS_REQUIRE(dout.shape() == (Shape{N, d}), "dout", "shape ", shape_str(dout.shape()), " is not [B T, d] = [", N, ", ", d, "]");
   OASIS_REQUIRE(dpsi.empty() || dpsi.shape() == (Shape{B, Tn}), "dpsi", "shape ", shape_str(dpsi.shape()), " is not [B, T]");
   const ErrorModel em{};
-  // the forward's steps (attention_projections, then attention_core), keeping what the backward reads
-  const KeyNormOptions pre{cfg.norm_eps, false};
+  const KeyNormOptions no = cfg.norm_options();
+  const bool mass = cfg.psi_estimator == PsiEstimator::mass_deficit;
+  // The forward itself: q, k, v after RoPE and the heads as it stored them, the probabilities
+  // (mass deficit); then what it does not keep: RMSNorm(h) and the projections before the q/k norm.
   const Rows<T> hr{h, {}};
-  const Rows<T> xn = rms_norm(hr, *W.norm, pre, em);
-  const Rows<T> q0 = linear(xn, *W.wq, em), k0 = linear(xn, *W.wk, em), v = linear(xn, *W.wv, em);
-  Rows<T> q1 = q0, k1 = k0;
+  KVCache<T> kv;
+  SublayerOptions so;
+  so.keep_probs = mass;
+  so.store = store;
+  const AttentionSublayer<T> fwd = attention_sublayer(hr, B, Tn, 0, W, cfg, kv, em, so);
+  const Rows<T> xn = rms_norm(hr, *W.norm, no, em);
+  Rows<T> q0, k0;
   if (cfg.qk_norm) {
-    q1 = head_rms_norm(q0, H, dh, *W.q_norm, cfg.norm_eps, em);
-    k1 = head_rms_norm(k0, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
+    q0 = linear(xn, *W.wq, em);
+    k0 = linear(xn, *W.wk, em);
   }
-  const Rows<T> q = rope(q1, H, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);
-  const Rows<T> k = rope(k1, Hkv, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);
   auto to_heads = [&](const Tensor<T>& rows, index_t Hx) {  // [N, Hx dh] -> [B, Hx, Tn, dh]
     Tensor<T> o({B, Hx, Tn, dh});
     for (index_t b = 0; b < B; ++b)
@@ -199,38 +210,33 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
           for (index_t c = 0; c < dh; ++c) o(b * Tn + t, hh * dh + c) = heads(b, hh, t, c);
     return o;
   };
-  const Tensor<T> qh = to_heads(q.x, H), kh = to_heads(k.x, Hkv), vh = to_heads(v.x, Hkv);
+  const Tensor<T> qh = to_heads(fwd.q.x, H), kh = to_heads(fwd.k.x, Hkv), vh = to_heads(fwd.v.x, Hkv);
   AttentionOptions opt;  // as attention_core
   opt.normalizer = cfg.token_norm();
   opt.causal = true;
-  opt.return_probs = cfg.psi_estimator == PsiEstimator::mass_deficit;
-  const AttentionResult<T> att = token_attention(qh, kh, vh, opt);
-  const Rows<T> heads{to_rows(att.out, H), {}};
 
   AttentionSublayerGrads<T> g;
-  const LinearGrads<T> go = linear_backward(heads.x, *W.wo, dout);
+  const LinearGrads<T> go = linear_backward(fwd.heads.x, *W.wo, dout);
   g.wo = go.W;
   AttentionCotangents<T> cot{to_heads(go.x, H), {}, {}};
   if (!dpsi.empty()) {
     if (cfg.psi_estimator == PsiEstimator::p_null) {
       cot.p_null = null_statistic_backward(dpsi, H);
     } else {
-      const Tensor<T> dprobs = null_statistic_from_mass_backward(att.probs, dpsi);
+      const Tensor<T> dprobs = null_statistic_from_mass_backward(fwd.probs, dpsi);
       cot.p_null = Tensor<T>({B, H, Tn});  // a uniform dp_j = c acts as dp_null = -c (header)
       for (index_t b = 0; b < B; ++b)
         for (index_t hh = 0; hh < H; ++hh)
           for (index_t t = 0; t < Tn; ++t) cot.p_null(b, hh, t) = -dprobs(b, hh, t, 0);
     }
   }
-  AttentionOptions ob = opt;
-  ob.return_probs = false;
-  const AttentionGrads<T> ga = token_attention_backward(qh, kh, vh, cot, ob);
+  const AttentionGrads<T> ga = token_attention_backward(qh, kh, vh, cot, opt);
   Tensor<T> dq = rope_backward(to_rows(ga.q, H), H, dh, Tn, 0, cfg.rope, cfg.rope_theta);
   Tensor<T> dk = rope_backward(to_rows(ga.k, Hkv), Hkv, dh, Tn, 0, cfg.rope, cfg.rope_theta);
   const Tensor<T> dv = to_rows(ga.v, Hkv);
   if (cfg.qk_norm) {
-    NormGrads<T> nq = head_rms_norm_backward(q0.x, H, dh, *W.q_norm, cfg.norm_eps, dq);
-    NormGrads<T> nk = head_rms_norm_backward(k0.x, Hkv, dh, *W.k_norm, cfg.norm_eps, dk);
+    NormGrads<T> nq = head_rms_norm_backward(q0.x, H, dh, *W.q_norm, no, dq);
+    NormGrads<T> nk = head_rms_norm_backward(k0.x, Hkv, dh, *W.k_norm, no, dk);
     dq = std::move(nq.x);
     dk = std::move(nk.x);
     g.q_norm = std::move(nq.gain);
@@ -243,7 +249,7 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
   g.wv = lv.W;
   Tensor<T> dxn = lq.x;
   for (index_t i = 0; i < dxn.size(); ++i) dxn[i] = (dxn[i] + lk.x[i]) + lv.x[i];
-  NormGrads<T> gn = rms_norm_backward(h, *W.norm, pre, dxn);
+  NormGrads<T> gn = rms_norm_backward(h, *W.norm, no, dxn);
   g.h = std::move(gn.x);
   g.norm = std::move(gn.gain);
   return g;
@@ -256,15 +262,16 @@ struct MlpSublayerGrads {
   Tensor<T> norm, gate, up, down;     ///< the weights' gradients (shapes of MlpWeights)
 };
 
-/// Backward of mlp_sublayer(h, W, cfg) given dL/dout [N, d].
+/// Backward of the MLP sublayer, down(stored(mlp_hidden(h))) (Model::run), given dL/dout [N, d].
 template <class T>
 MlpSublayerGrads<T> mlp_sublayer_backward(const Tensor<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg,
-                                          const Tensor<T>& dout) {
+                                          const Tensor<T>& dout, StoreFn store = nullptr) {
   const ErrorModel em{};
-  const KeyNormOptions pre{cfg.norm_eps, false};
-  const Rows<T> xn = rms_norm(Rows<T>{h, {}}, *W.norm, pre, em);  // the steps of mlp_hidden
+  const KeyNormOptions no = cfg.norm_options();
+  const Rows<T> xn = rms_norm(Rows<T>{h, {}}, *W.norm, no, em);  // the steps of mlp_hidden
   const Rows<T> a = linear(xn, *W.gate, em), b = linear(xn, *W.up, em);
-  const Rows<T> m = mlp_hidden(Rows<T>{h, {}}, W, cfg, em);
+  Rows<T> m = mlp_hidden(Rows<T>{h, {}}, W, cfg, em);
+  store_values(m.x, store);
   MlpSublayerGrads<T> g;
   const LinearGrads<T> gd = linear_backward(m.x, *W.down, dout);
   g.down = gd.W;
@@ -274,7 +281,7 @@ MlpSublayerGrads<T> mlp_sublayer_backward(const Tensor<T>& h, const MlpWeights<T
   g.up = gb.W;
   Tensor<T> dxn = ga.x;
   for (index_t i = 0; i < dxn.size(); ++i) dxn[i] += gb.x[i];
-  NormGrads<T> gn = rms_norm_backward(h, *W.norm, pre, dxn);
+  NormGrads<T> gn = rms_norm_backward(h, *W.norm, no, dxn);
   g.h = std::move(gn.x);
   g.norm = std::move(gn.gain);
   return g;

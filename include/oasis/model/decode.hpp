@@ -3,9 +3,8 @@
 // A Decoder holds one key/value cache per attention sublayer (post-RoPE keys and values of every
 // position so far) and the position counter. Each step runs the new positions through
 // Model::run: token attention sees the cache plus the new keys (causal, bottom-right aligned);
-// depth routing is per token, so the depth sources of the step's tokens (the depth-source cache,
-// DecodeState::depth_sources: v_i or block sums b_n and the partial sum) are built during the
-// step. The logits of every step equal the matching rows of the full forward, bit for bit: every
+// depth routing is per token, so the depth sources of the step's tokens (v_i or block sums b_n
+// and the partial sum) are built during the step. The logits of every step equal the matching rows of the full forward, bit for bit: every
 // row is computed by the same operations in the same order.
 #pragma once
 

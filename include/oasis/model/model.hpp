@@ -11,7 +11,9 @@
 //                         residual + sublayer_out], low-rank query/key router after each sublayer
 //
 // and every depth router couples the psi of earlier attention sublayers (SPEC §3) when the
-// variant has coupling. Tensor names and shapes: parameter_specs() and docs/model.md.
+// variant has coupling. Which value feeds which step is stated once, in wiring.hpp; Model::run
+// executes it as the steps of schedule.hpp. Tensor names and shapes: parameter_specs() and
+// docs/model.md.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "oasis/model/config.hpp"
 #include "oasis/model/layers.hpp"
 #include "oasis/model/router.hpp"
+#include "oasis/model/schedule.hpp"
 #include "oasis/multiprecision.hpp"
 
 namespace oasis::model {
@@ -94,8 +97,6 @@ inline std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg) {
   return s;
 }
 
-enum class SublayerKind { attention, mlp, readout };
-
 /// What one sublayer (or the final readout router) did, for analysis and tests.
 /// Routing tensors are [n, B, T] over the n candidates (empty without depth routing).
 template <class T>
@@ -155,21 +156,26 @@ struct ForwardResult {
 };
 
 /// Key/value caches (one per attention sublayer) and the position of incremental decoding.
-/// Depth routing is per token, so the depth sources of a step (depth_sources) are all that a
-/// step needs besides the key/value caches; they are kept for inspection.
+/// Depth routing is per token, so a step needs nothing else of the earlier positions.
 template <class T>
 struct DecodeState {
   index_t batch = 0;
   index_t length = 0;
   std::vector<KVCache<T>> kv;
-  std::vector<DepthSource<T>> depth_sources;
+};
+
+/// What Model::run hands to the model backward (its `record` argument), in wiring order.
+template <class T>
+struct ForwardRecord {
+  std::vector<Tensor<T>> inputs;       ///< per sublayer: the rows [N, d] it read
+  std::vector<RouteResult<T>> routes;  ///< per router: its candidates, psi, logits and options
 };
 
 template <class T>
 class Model {
  public:
   /// Parameters with their shapes, zero-filled (load or initialise them).
-  explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+  explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)), schedule_(forward_schedule(cfg_)) {
     for (const ParamSpec& p : parameter_specs(cfg_)) params_.emplace(p.name, Tensor<T>(p.shape));
   }
 
@@ -195,6 +201,8 @@ class Model {
   }
 
   const ModelConfig& config() const { return cfg_; }
+  /// The steps run() executes: the configuration's wiring (schedule.hpp).
+  const ForwardSchedule& schedule() const { return schedule_; }
   const std::map<std::string, Tensor<T>>& parameters() const { return params_; }
 
   const Tensor<T>& param(const std::string& name) const {
@@ -264,8 +272,10 @@ class Model {
   }
 
   /// Run Tn new positions of every batch row through the model, extending `st` (incremental
-  /// decoding; a fresh state gives the full forward).
-  ForwardResult<T> run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt) const;
+  /// decoding; a fresh state gives the full forward). `record` (optional) receives every
+  /// sublayer's input and every router's result (the model backward's record of the forward).
+  ForwardResult<T> run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt,
+                       ForwardRecord<T>* record = nullptr) const;
 
  public:
   /// theta of a router (theta_init when the variant has no coupling parameter).
@@ -303,6 +313,7 @@ class Model {
 
  private:
   ModelConfig cfg_;
+  ForwardSchedule schedule_;
   std::map<std::string, Tensor<T>> params_;
 };
 
@@ -348,10 +359,34 @@ void record_attention(SublayerTrace<T>& tr, const AttentionSublayer<T>& a, RowNo
 /// Psi of a sublayer as a depth source [N] from the branch psi [B, T].
 template <class T> Tensor<T> flat_psi(const Tensor<T>& psi) { return psi.reshaped({psi.size()}); }
 
+/// The psi a router reads from a candidate: the mean of the branch psi of the attention
+/// sublayers psi_from (summed left to right, then divided; one branch: its psi exactly; none:
+/// zeros, the embedding's), rounded by the storage rounding when it is a mean of several; its
+/// error bound e_sum / n + (n + 1) u psi for n > 1.
+template <class T>
+void candidate_psi(DepthSource<T>& c, const std::vector<index_t>& psi_from, const std::vector<Tensor<T>>& branch_psi,
+                   const std::vector<std::vector<double>>& branch_e_psi, index_t N, const ErrorModel& em, StoreFn store) {
+  c.psi = Tensor<T>({N});
+  c.e_psi.assign(em.on() ? static_cast<std::size_t>(N) : 0, 0.0);
+  for (index_t a : psi_from) {
+    const Tensor<T>& p = branch_psi[static_cast<std::size_t>(a)];
+    for (index_t t = 0; t < N; ++t) c.psi[t] += p[t];
+    for (std::size_t t = 0; t < c.e_psi.size(); ++t) c.e_psi[t] += branch_e_psi[static_cast<std::size_t>(a)][t];
+  }
+  const std::size_t n = psi_from.size();
+  if (n == 0) return;
+  for (index_t t = 0; t < N; ++t) c.psi[t] = c.psi[t] / T(static_cast<double>(n));
+  if (n > 1) store_values(c.psi, store);
+  for (std::size_t t = 0; t < c.e_psi.size(); ++t)
+    c.e_psi[t] = c.e_psi[t] / static_cast<double>(n) +
+                 (n > 1 ? static_cast<double>(n + 1) * em.u * to_double(c.psi[static_cast<index_t>(t)]) : 0.0);
+}
+
 }  // namespace detail
 
 template <class T>
-ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt) const {
+ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_t Tn, const ForwardOptions& opt,
+                               ForwardRecord<T>* record) const {
   OASIS_REQUIRE(st.batch == B && static_cast<index_t>(st.kv.size()) == cfg_.n_blocks, "state",
                 "decode state was made for batch ", st.batch, " but the input has batch ", B);
   OASIS_REQUIRE(x0.n() == B * Tn && x0.w() == cfg_.d_model, "x", "rows ", shape_str(x0.x.shape()),
@@ -364,208 +399,92 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   const StoreFn store = opt.store;
   auto stored = [store](Rows<T> r) { store_values(r.x, store); return r; };
   store_values(x0.x, store);
-  const index_t N = B * Tn, L = cfg_.n_sublayers(), pos0 = st.length;
+  const index_t N = B * Tn, pos0 = st.length;
   if (em.on()) x0.e.assign(static_cast<std::size_t>(N), 0.0);  // inputs exact in the bounded precision
+  const ModelWiring& w = schedule_.wiring;
+  const std::size_t L = w.sublayers.size();
+  // The slots of the schedule; as a router candidate a slot also carries the kind, psi and name
+  // the wiring gives it (psi_of: the psi_from its psi was computed for).
+  std::vector<DepthSource<T>> slot(static_cast<std::size_t>(schedule_.slots));
+  std::vector<const std::vector<index_t>*> psi_of(slot.size(), nullptr);
+  std::vector<Tensor<T>> branch_psi(L);  // [N] per attention sublayer
+  std::vector<std::vector<double>> branch_e_psi(L);
+  slot[0].v = std::move(x0);
   ForwardResult<T> res;
-  auto attention = [&](const Rows<T>& h, index_t b) {
-    return attention_sublayer(h, B, Tn, pos0, attn_weights(b), cfg_, st.kv[static_cast<std::size_t>(b)], em, so);
-  };
-  // MLP sublayer; its hidden rows go to the trace.
-  auto mlp = [&](const Rows<T>& h, index_t b, Tensor<T>* hidden) {
-    const MlpWeights<T> W = mlp_weights(b);
-    const Rows<T> hid = stored(mlp_hidden(h, W, cfg_, em, opt.quant));
-    if (hidden) *hidden = detail::to_btd(hid.x, B, Tn);
-    return stored(qlinear(hid, *W.down, em, opt.quant));
-  };
-  auto trace_io = [&](SublayerTrace<T>& tr, const Rows<T>& in, const Rows<T>& out) {
-    tr.input = detail::to_btd(in.x, B, Tn);
-    tr.output = detail::to_btd(out.x, B, Tn);
-  };
-  Rows<T> state;  // readout state
-
-  if (!cfg_.attn_res()) {
-    // Original backbone: x <- x + f(RMSNorm(x)) for every sublayer.
-    Rows<T> x = std::move(x0);
-    for (index_t b = 0; b < cfg_.n_blocks; ++b) {
-      const std::string L0 = "layers." + std::to_string(b);
-      const AttentionSublayer<T> a = attention(x, b);
-      if (opt.trace) {
-        SublayerTrace<T> tr;
-        tr.name = L0 + ".attn";
-        detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
-        trace_io(tr, x, a.out);
-        res.trace.push_back(std::move(tr));
-      }
-      x = stored(add_rows(x, a.out, em));
-      Tensor<T> hidden;
-      const Rows<T> m = mlp(x, b, opt.trace ? &hidden : nullptr);
-      if (opt.trace) {
-        SublayerTrace<T> tr;
-        tr.name = L0 + ".mlp";
-        tr.kind = SublayerKind::mlp;
-        tr.mlp_hidden = std::move(hidden);
-        trace_io(tr, x, m);
-        res.trace.push_back(std::move(tr));
-      }
-      x = stored(add_rows(x, m, em));
-    }
-    state = std::move(x);
-  } else if (cfg_.router == RouterFamily::authors_code) {
-    // Cumulative states: candidates [embedding, earlier layer outputs, residual + sublayer_out].
-    std::vector<DepthSource<T>> hist;
-    hist.push_back({x0, SourceKind::initial, Tensor<T>({N}), std::vector<double>(em.on() ? N : 0, 0.0), "embedding"});
-    Rows<T> x = std::move(x0);
-    for (index_t b = 0; b < cfg_.n_blocks; ++b) {
-      const std::string L0 = "layers." + std::to_string(b);
-      const AttentionSublayer<T> a = attention(x, b);
-      const DepthSource<T> c_sa{stored(add_rows(x, a.out, em)), SourceKind::attention, detail::flat_psi(a.psi), a.e_psi,
-                                L0 + ".attn (residual + out)"};
-      std::vector<const DepthSource<T>*> cands;
-      for (const auto& s : hist) cands.push_back(&s);
-      cands.push_back(&c_sa);
-      const std::string R1 = L0 + ".attn_res";
-      RouteResult<T> r1 = authors_route(cands, param(R1 + ".q_proj.weight"), param(R1 + ".k_proj.weight"),
-                                        param(R1 + ".recency_bias")[0], theta_of(R1), cfg_, em);
-      store_values(r1.h.x, store);
-      if (opt.trace) {
-        SublayerTrace<T> tr;
-        tr.name = L0 + ".attn";
-        detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
-        detail::record_route(tr, r1, B, Tn);
-        trace_io(tr, x, a.out);
-        tr.routed = detail::to_btd(r1.h.x, B, Tn);
-        res.trace.push_back(std::move(tr));
-      }
-      Tensor<T> hidden;
-      const Rows<T> m = mlp(r1.h, b, opt.trace ? &hidden : nullptr);
-      // The MLP candidate has no heads: it carries the attention psi of its block (inherit) or
-      // no evidence, per the head-less rule.
-      const DepthSource<T> c_mlp{stored(add_rows(r1.h, m, em)), SourceKind::headless, detail::flat_psi(a.psi), a.e_psi,
-                                 L0 + ".mlp (residual + out)"};
-      cands.push_back(&c_mlp);
-      const std::string R2 = L0 + ".mlp_res";
-      RouteResult<T> r2 = authors_route(cands, param(R2 + ".q_proj.weight"), param(R2 + ".k_proj.weight"),
-                                        param(R2 + ".recency_bias")[0], theta_of(R2), cfg_, em);
-      store_values(r2.h.x, store);
-      if (opt.trace) {
-        SublayerTrace<T> tr;
-        tr.name = L0 + ".mlp";
-        tr.kind = SublayerKind::mlp;
-        detail::record_route(tr, r2, B, Tn);
-        tr.mlp_hidden = std::move(hidden);
-        trace_io(tr, r1.h, m);
-        tr.routed = detail::to_btd(r2.h.x, B, Tn);
-        res.trace.push_back(std::move(tr));
-      }
-      x = r2.h;
-      hist.push_back({x, SourceKind::headless, detail::flat_psi(a.psi), a.e_psi, L0 + " output"});
-    }
-    state = std::move(x);
-    st.depth_sources = std::move(hist);
-  } else {
-    // Kimi Full (every sublayer its own block) and Block AttnRes (ModelConfig::block_starts):
-    // completed sources `done` (v_i, or block sums b_n) and the partial sum of the current block.
-    const std::vector<index_t> starts = cfg_.block_starts();
-    const bool full = static_cast<index_t>(starts.size()) == L;  // every block one sublayer: named by sublayer
-    std::vector<DepthSource<T>> done;
-    done.push_back({x0, SourceKind::initial, Tensor<T>({N}), std::vector<double>(em.on() ? N : 0, 0.0), "embedding"});
-    DepthSource<T> partial;
-    Tensor<T> psi_sum, last_psi;  // [N]
-    std::vector<double> e_psi_sum, last_e_psi;
-    index_t n_attn = 0, blk = 0;
-    Rows<T> last_h, last_out;
-    for (index_t l = 0; l < L; ++l) {
-      if (blk + 1 < static_cast<index_t>(starts.size()) && l == starts[static_cast<std::size_t>(blk + 1)]) ++blk;
-      const index_t b = l / 2, i = l - starts[static_cast<std::size_t>(blk)];
-      const index_t last_of_block = blk + 1 < static_cast<index_t>(starts.size()) ? starts[static_cast<std::size_t>(blk + 1)] - 1 : L - 1;
-      const bool is_attn = l % 2 == 0;
-      const std::string L0 = "layers." + std::to_string(b), R = L0 + (is_attn ? ".attn_res" : ".mlp_res");
-      std::vector<const DepthSource<T>*> cands;
-      for (const auto& s : done) cands.push_back(&s);
-      if (i > 0) cands.push_back(&partial);
-      RouteResult<T> r = kimi_route(cands, param(R + ".query"), gain_of(R), theta_of(R), cfg_, em);
-      store_values(r.h.x, store);
-      SublayerTrace<T> tr;
-      Rows<T> out;
-      if (is_attn) {
-        const AttentionSublayer<T> a = attention(r.h, b);
-        out = a.out;
-        last_psi = detail::flat_psi(a.psi);
-        last_e_psi = a.e_psi;
-        if (opt.trace) detail::record_attention(tr, a, cfg_.token_norm(), B, Tn);
+  if (opt.trace) res.trace.resize(static_cast<std::size_t>(schedule_.trace_entries));
+  if (record) {
+    record->inputs.assign(L, Tensor<T>());
+    record->routes.assign(w.routers.size(), RouteResult<T>());
+  }
+  for (const ScheduledStep& s : schedule_.steps) {
+    DepthSource<T>& out = slot[static_cast<std::size_t>(s.out)];
+    const std::size_t k = static_cast<std::size_t>(s.index);
+    if (s.kind == ScheduledStep::Kind::add) {
+      out.v = stored(add_rows(slot[static_cast<std::size_t>(s.in[0])].v, slot[static_cast<std::size_t>(s.in[1])].v, em));
+    } else if (s.kind == ScheduledStep::Kind::sublayer) {
+      const WiredSublayer& S = w.sublayers[k];
+      const Rows<T>& h = slot[static_cast<std::size_t>(s.in[0])].v;
+      SublayerTrace<T>* tr = opt.trace ? &res.trace[k] : nullptr;
+      if (S.kind == SublayerKind::attention) {
+        AttentionSublayer<T> a = attention_sublayer(h, B, Tn, pos0, attn_weights(S.block), cfg_,
+                                                    st.kv[static_cast<std::size_t>(S.block)], em, so);
+        branch_psi[k] = detail::flat_psi(a.psi);
+        branch_e_psi[k] = a.e_psi;
+        if (tr) detail::record_attention(*tr, a, cfg_.token_norm(), B, Tn);
+        out.v = std::move(a.out);
       } else {
-        out = mlp(r.h, b, opt.trace ? &tr.mlp_hidden : nullptr);
+        const MlpWeights<T> W = mlp_weights(S.block);
+        const Rows<T> hid = stored(mlp_hidden(h, W, cfg_, em, opt.quant));
+        if (tr) tr->mlp_hidden = detail::to_btd(hid.x, B, Tn);
+        out.v = stored(qlinear(hid, *W.down, em, opt.quant));
       }
-      if (opt.trace) {
-        tr.name = L0 + (is_attn ? ".attn" : ".mlp");
-        tr.kind = is_attn ? SublayerKind::attention : SublayerKind::mlp;
-        detail::record_route(tr, r, B, Tn);
-        trace_io(tr, r.h, out);
-        tr.routed = tr.input;
-        res.trace.push_back(std::move(tr));
+      if (tr) {
+        tr->name = S.name;
+        tr->kind = S.kind;
+        tr->input = detail::to_btd(h.x, B, Tn);
+        tr->output = detail::to_btd(out.v.x, B, Tn);
       }
-      // Block bookkeeping: b_n^i = b_n^{i-1} + v (partial sum), psi of a block = mean psi of its
-      // attention sublayers; a block without attention is head-less and inherits the psi of the
-      // most recent attention sublayer (that of its own transformer block: attention and MLP alternate).
-      if (i == 0) {
-        partial = DepthSource<T>{out, SourceKind::headless, Tensor<T>({N}), {}, ""};
-        psi_sum = Tensor<T>({N});
-        e_psi_sum.assign(em.on() ? N : 0, 0.0);
-        n_attn = 0;
-      } else {
-        partial.v = stored(add_rows(partial.v, out, em));
-      }
-      if (is_attn) {
-        for (index_t t = 0; t < N; ++t) psi_sum[t] += last_psi[t];
-        for (std::size_t t = 0; t < e_psi_sum.size(); ++t) e_psi_sum[t] += last_e_psi[t];
-        ++n_attn;
-      }
-      if (n_attn > 0) {
-        partial.kind = SourceKind::attention;
-        partial.psi = Tensor<T>({N});
-        for (index_t t = 0; t < N; ++t) partial.psi[t] = psi_sum[t] / T(n_attn);
-        if (n_attn > 1) store_values(partial.psi, store);
-        partial.e_psi = e_psi_sum;
-        for (std::size_t t = 0; t < partial.e_psi.size(); ++t)
-          partial.e_psi[t] = e_psi_sum[t] / static_cast<double>(n_attn) +
-                             (n_attn > 1 ? static_cast<double>(n_attn + 1) * em.u * to_double(partial.psi[static_cast<index_t>(t)]) : 0.0);
-      } else {
-        partial.kind = SourceKind::headless;
-        partial.psi = last_psi;
-        partial.e_psi = last_e_psi;
-      }
-      partial.name = full ? L0 + (is_attn ? ".attn" : ".mlp") : "block " + std::to_string(blk + 1);
-      if (l == last_of_block) done.push_back(partial);
-      else partial.name += " (partial)";
-      last_h = std::move(r.h);
-      last_out = std::move(out);
-    }
-    const Readout ro = cfg_.readout_or_default();
-    if (ro == Readout::final_attnres) {
+      if (record) record->inputs[k] = h.x;
+    } else {
+      const WiredRouter& R = w.routers[k];
       std::vector<const DepthSource<T>*> cands;
-      for (const auto& s : done) cands.push_back(&s);
-      RouteResult<T> r = kimi_route(cands, param("final_res.query"), gain_of("final_res"), theta_of("final_res"), cfg_, em);
+      for (std::size_t i = 0; i < s.in.size(); ++i) {
+        const std::size_t j = static_cast<std::size_t>(s.in[i]);
+        const WiredCandidate& c = R.candidates[i];
+        slot[j].kind = c.kind;
+        slot[j].name = c.name;
+        if (!psi_of[j] || *psi_of[j] != c.psi_from) {
+          detail::candidate_psi(slot[j], c.psi_from, branch_psi, branch_e_psi, N, em, store);
+          psi_of[j] = &c.psi_from;
+        }
+        cands.push_back(&slot[j]);
+      }
+      const std::string& P = R.params;
+      RouteResult<T> r = cfg_.router == RouterFamily::authors_code
+                             ? authors_route(cands, param(P + ".q_proj.weight"), param(P + ".k_proj.weight"),
+                                             param(P + ".recency_bias")[0], theta_of(P), cfg_, em)
+                             : kimi_route(cands, param(P + ".query"), gain_of(P), theta_of(P), cfg_, em);
       store_values(r.h.x, store);
       if (opt.trace) {
-        SublayerTrace<T> tr;
-        tr.name = "final_res";
-        tr.kind = SublayerKind::readout;
+        const index_t e = schedule_.router_trace[k];
+        SublayerTrace<T>& tr = res.trace[static_cast<std::size_t>(e)];
+        if (e >= static_cast<index_t>(L)) {
+          tr.name = R.trace;
+          tr.kind = SublayerKind::readout;
+        }
         detail::record_route(tr, r, B, Tn);
         tr.routed = detail::to_btd(r.h.x, B, Tn);
-        res.trace.push_back(std::move(tr));
       }
-      state = std::move(r.h);
-    } else if (ro == Readout::sum) {
-      // sum_i s_i over all sources, left to right; error rule as repeated add_rows.
-      state = done[0].v;
-      for (std::size_t k = 1; k < done.size(); ++k) state = stored(add_rows(state, done[k].v, em));
-    } else {
-      // The last routed state handed on by a pre-norm block: h_L + v_L.
-      state = stored(add_rows(last_h, last_out, em));
+      out.v = r.h;
+      if (record) record->routes[k] = std::move(r);
     }
-    st.depth_sources = std::move(done);
+    for (index_t j : s.release) {
+      slot[static_cast<std::size_t>(j)] = DepthSource<T>{};
+      psi_of[static_cast<std::size_t>(j)] = nullptr;
+    }
   }
 
+  const Rows<T>& state = slot[static_cast<std::size_t>(schedule_.state)].v;
   const Rows<T> logits = stored(head(state, em));
   res.logits = detail::to_btd(logits.x, B, Tn);
   res.state = detail::to_btd(state.x, B, Tn);

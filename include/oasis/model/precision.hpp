@@ -65,6 +65,10 @@ std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>&
   const index_t N = B * Tn, d = c.d_model;
   const ForwardResult<T> res = model.forward(ids, B, Tn, {true});
   const ErrorModel em{unit_roundoff<T>()};
+  const ForwardSchedule& S = reference.schedule();
+  std::vector<std::string> router_params(static_cast<std::size_t>(S.trace_entries));  // per trace entry (wiring)
+  for (std::size_t r = 0; r < S.wiring.routers.size(); ++r)
+    router_params[static_cast<std::size_t>(S.router_trace[r])] = S.wiring.routers[r].params;
   std::vector<StepCheck> out;
   for (std::size_t l = 0; l < res.trace.size(); ++l) {
     const SublayerTrace<T>& tr = res.trace[l];
@@ -82,9 +86,7 @@ std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>&
         s.e_psi.assign(static_cast<std::size_t>(N), 0.0);
         ptr.push_back(&s);
       }
-      const std::string Rn = tr.kind == SublayerKind::readout
-                                 ? "final_res"
-                                 : "layers." + std::to_string(b) + (tr.kind == SublayerKind::attention ? ".attn_res" : ".mlp_res");
+      const std::string& Rn = router_params[l];
       const RouteResult<R> ref =
           c.router == RouterFamily::authors_code
               ? authors_route(ptr, reference.param(Rn + ".q_proj.weight"), reference.param(Rn + ".k_proj.weight"),

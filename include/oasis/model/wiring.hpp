@@ -4,9 +4,10 @@
 // header states that for every router family, in terms of the trace names of
 // docs/verify.md ("Model level"): the value of every router candidate (the embedding, a sublayer
 // output, a block sum, a residual sum, an earlier router's output), the psi it carries, the state
-// every sublayer reads and the readout state. Model<T>::run computes exactly this wiring
-// (tests/model/test_model_structure.cpp recomputes every traced candidate, input and readout from
-// it, bit for bit); the model level of the compare engine checks a trace against it.
+// every sublayer reads and the readout state. This is the one definition of the model's wiring:
+// Model<T>::run executes it (compiled to steps by schedule.hpp), the model backward
+// (oasis/grad/model_backward.hpp) walks the same steps back, and the model level of the compare
+// engine checks a trace against it.
 //
 //   kimi_full     router l: [embedding, out_0, ..., out_{l-1}]; sublayer l reads routed_l
 //   kimi_block    router l: [embedding, B_1, ..., B_{k-1}, partial of block k up to l - 1]
@@ -24,9 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "oasis/model/model.hpp"
+#include "oasis/depth.hpp"
+#include "oasis/model/config.hpp"
 
 namespace oasis::model {
+
+enum class SublayerKind { attention, mlp, readout };
 
 /// A value one step hands to another.
 struct WiredValue {

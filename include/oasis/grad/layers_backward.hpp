@@ -178,8 +178,8 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
   const Rows<T> q0 = linear(xn, *W.wq, em), k0 = linear(xn, *W.wk, em), v = linear(xn, *W.wv, em);
   Rows<T> q1 = q0, k1 = k0;
   if (cfg.qk_norm) {
-    q1 = head_rms_norm(q0, H, dh, *W.q_norm, cfg.norm_eps, em);
-    k1 = head_rms_norm(k0, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
+    q1 = head_rms_norm(q0, H, dh, *W.q_norm, pre, em);
+    k1 = head_rms_norm(k0, Hkv, dh, *W.k_norm, pre, em);
   }
   const Rows<T> q = rope(q1, H, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);
   const Rows<T> k = rope(k1, Hkv, dh, Tn, 0, cfg.rope, cfg.rope_theta, em);

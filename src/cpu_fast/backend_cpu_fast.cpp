@@ -513,6 +513,19 @@ void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<
   }
 }
 
+// The one-call backward on validated arguments: the forward with its row state, then the backward.
+AttentionGrads<float> forward_and_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                           const AttentionCotangents<float>& d, const AttentionOptions& opt) {
+  AttentionResult<float> fwd;
+  cpu_fast::AttentionRowState state;
+  AttentionOptions fo = opt;
+  fo.return_probs = false;  // the backward recomputes the probabilities
+  attention_impl(q, k, v, fo, fwd, &state);
+  AttentionGrads<float> g;
+  backward_impl(q, k, v, fwd, state, d, opt, g);
+  return g;
+}
+
 void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                 const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
   // the reference's shape checks (oasis/depth.hpp); the finiteness of the sources is checked
@@ -663,14 +676,7 @@ AttentionGrads<float> token_attention_backward(const Tensor<float>& q, const Ten
                                                const AttentionCotangents<float>& d, const AttentionOptions& opt) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
-  AttentionResult<float> fwd;
-  AttentionRowState state;
-  AttentionOptions fo = opt;
-  fo.return_probs = false;  // the backward recomputes them
-  attention_impl(q, k, v, fo, fwd, &state);
-  AttentionGrads<float> g;
-  backward_impl(q, k, v, fwd, state, d, opt, g);
-  return g;
+  return forward_and_backward(q, k, v, d, opt);
 }
 
 void attn_res_route_into(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
@@ -704,7 +710,7 @@ AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Te
 AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
                                                         const Tensor<float>& v, const AttentionCotangents<float>& d,
                                                         const AttentionOptions& opt) {
-  return cpu_fast::token_attention_backward(q, k, v, d, opt);
+  return forward_and_backward(q, k, v, d, opt);  // validated by the dispatcher
 }
 
 DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,

@@ -7,6 +7,7 @@
 // validation messages; overflowed scores (NaN, +inf) rejected as the reference rejects them, -inf
 // scores masked; workspace reuse of the *_into API.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -386,6 +387,23 @@ TEST(CpuFastBackward, TwoStepApiMatchesOneCallAndReusesBuffers) {
     ADD_FAILURE() << "an empty row state was accepted";
   } catch (const invalid_argument& e) {
     EXPECT_EQ(e.argument(), "state") << e.what();
+  }
+}
+
+// With more threads than kv heads the key tiles of a kv head are split into chunks with their own
+// dq sums (one tile each here, some chunks of no work): the rule still holds.
+TEST(CpuFastBackward, KeyTileChunksForManyThreads) {
+  const std::vector<Case> cs = cases();
+  for (const char* name : {"softmax1_multi_tile_d64", "window_band_skips_tiles"}) {
+    SCOPED_TRACE(name);
+    const Case c = *std::find_if(cs.begin(), cs.end(), [&](const Case& k) { return std::string(k.name) == name; });
+    const BackwardCase x = backward_case(c, 7208);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(16);
+    const AttentionGrads<float> g = cpu_fast::token_attention_backward(x.in.q, x.in.k, x.in.v, x.d, x.opt);
+    omp_set_num_threads(saved);
+    const fast_parity::Outcome o = backward_parity(x, g);
+    EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
   }
 }
 
@@ -792,6 +810,20 @@ TEST(CpuFastOverflow, EveryVisibleScoreNegInfIsAFullyMaskedRow) {
     EXPECT_EQ(f.argument, "scores");
     EXPECT_EQ(f.what, ref_err.what);
   }
+}
+
+// A score that overflows float is rejected by the backward as by the forward and the reference.
+TEST(CpuFastBackward, OverflowedScoreThrowsLikeReference) {
+  OverflowInputs in = overflow_inputs(7209);
+  plant(in, 1, 0, 60, 70, 1e20f, 0.0f, 1e20f, 0.0f);
+  AttentionOptions opt;
+  opt.causal = true;
+  auto rng = oasis::test::make_rng(7210);
+  const AttentionCotangents<float> d{oasis::test::randn<float>({2, 2, 70, 5}, rng), {}, {}};
+  const Thrown ref = thrown_by([&] { token_attention_backward(in.q, in.k, in.v, d, opt); });
+  EXPECT_EQ(ref.argument, "scores") << ref.what;
+  const Thrown fast = thrown_by([&] { cpu_fast::token_attention_backward(in.q, in.k, in.v, d, opt); });
+  EXPECT_EQ(fast.argument, "scores") << fast.what;
 }
 
 // vector_exp: relative error against double exp on a strided sweep of every float with a

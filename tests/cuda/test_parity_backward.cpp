@@ -265,6 +265,13 @@ TEST_P(BackwardBackend, InvalidInputNamesTheArgument) {
   AttentionInputs other = in;
   other.opt.normalizer = RowNorm::clipped_softmax1;
   EXPECT_EQ(argument(other, d), "normalizer");
+  // a score q.k * scale that overflows float (row 0 sees key 0)
+  AttentionInputs big = in;
+  for (index_t c = 0; c < 2; ++c) {
+    big.q(0, 0, 0, c) = 1e30f;
+    big.k(0, 0, 0, c) = 1e30f;
+  }
+  EXPECT_EQ(argument(big, d), "scores");
   // plain softmax with MaskedRow::error on rows masked by padding, and by the bias
   for (const char* name : {"fully_masked_rows_softmax", "bias_masked_rows_softmax"}) {
     const auto c = std::find_if(cs.begin(), cs.end(), [&](const AttentionCase& x) { return x.name == name; });

@@ -4,6 +4,8 @@
 //   RowNormalizer_*      the reference row op (softmax1) and the fast path's vectorised exp
 //   Attention_*          token attention, causal Softmax1, B = 1, 8 heads, T in {1024, 4096},
 //                        d_h in {64, 128}: plain float reference vs the fused fast path
+//   Attention_backward_* its backward (FlashAttention-2 with the null category) on the fast path,
+//                        from the forward's saved output and row state
 //   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 1024 tokens, d = 2048
 //   Layer_*              one AttnRes attention sublayer from the core ops (route, RMSNorm, QKV
 //                        projections, fused attention, output projection), d = 512, T = 1024
@@ -237,6 +239,37 @@ void BM_Attention_fast_backend_api(benchmark::State& st) {
   st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
 }
 
+// ---- attention backward ----------------------------------------------------------------------
+
+// The backward of the fused causal Softmax1 call above, dL/dout ~ N(0, 1) (no LSE or p_null
+// cotangent: a training loss on the output), from the forward's output and row state
+// (cpu_fast::token_attention_into with AttentionRowState), into a reused AttentionGrads.
+// Useful work, FlashAttention-2's accounting: per visible (query, key) pair the five products
+// S = Q K^T (2 d_h, the recomputation), dP = dO V^T (2 d_v), dV += P^T dO (2 d_v),
+// dK += dS^T Q (2 d_h), dQ += dS K (2 d_h) = 6 d_h + 4 d_v flops, 2.5 times the forward's 4 d
+// at d_h = d_v = d.
+void BM_Attention_backward_fast(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
+  auto rng = oasis::test::make_rng(500 + static_cast<std::uint64_t>(st.range(0) + st.range(1)));
+  const AttentionCotangents<float> d{oasis::test::randn<float>(in.q.shape(), rng), {}, {}};
+  AttentionResult<float> fwd;
+  cpu_fast::AttentionRowState state;
+  cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, fwd, state);
+  AttentionGrads<float> g;
+  cpu_fast::token_attention_backward_into(in.q, in.k, in.v, fwd, state, d, in.opt, g);  // warms the workspaces
+  const std::string rep = validate_attention_backward(in.q, in.k, in.v, d, in.opt, g, 2, 64);
+  if (!rep.empty())
+    abort_run("attention backward T=" + std::to_string(in.q.dim(2)) + " d=" + std::to_string(in.q.dim(3)) + ": " + rep);
+  const double flops = in.flops * 2.5;  // 10 d per visible pair (above) against the forward's 4 d
+  const Span t0 = Span::start();
+  for (auto _ : st) {
+    cpu_fast::token_attention_backward_into(in.q, in.k, in.v, fwd, state, d, in.opt, g);
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, flops, t0);
+  st.SetLabel(std::string(cpu_fast::isa()) + ", reused gradients");
+}
+
 // ---- depth routing ---------------------------------------------------------------------------
 
 struct RouteInputs {
@@ -379,6 +412,7 @@ BENCHMARK(BM_RowNormalizer_fast_vector_exp)->Arg(1024)->Arg(4096)->Unit(benchmar
 BENCHMARK(BM_Attention_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_fast_window)->Args({4096, 64, 128})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_fast_backend_api)->Args({4096, 64})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
+BENCHMARK(BM_Attention_backward_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_reference)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Route_fast)->Arg(8)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Route_fast_backend_api)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);

@@ -1,4 +1,5 @@
-// bench/bench_oracle.cpp — validation against the mp50 oracle and the oracle's own throughput.
+// bench/bench_oracle.cpp — validation against the mp50 oracle (the backward's: long double) and the
+// oracle's own throughput.
 // (Kept apart from bench_cpu.cpp: the Boost.Multiprecision code compiles slowly.)
 #include <benchmark/benchmark.h>
 
@@ -7,6 +8,8 @@
 #include <cstdlib>
 
 #include "bench_support.hpp"
+#include "oasis/grad/backward_bounds.hpp"
+#include "oasis/grad/instances.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_random.hpp"
 #include "parity_bound.hpp"
@@ -18,17 +21,18 @@ using R = mp50;
 namespace {
 
 // rows [t0, t0 + r) of a [B, H, T, w] tensor
-Tensor<float> rows_of(const Tensor<float>& x, index_t t0, index_t r) {
-  const index_t B = x.dim(0), H = x.dim(1), T = x.dim(2), w = x.dim(3);
-  Tensor<float> out({B, H, r, w});
+template <class T>
+Tensor<T> rows_of(const Tensor<T>& x, index_t t0, index_t r) {
+  const index_t B = x.dim(0), H = x.dim(1), w = x.dim(3);
+  Tensor<T> out({B, H, r, w});
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
       for (index_t t = 0; t < r; ++t)
         for (index_t c = 0; c < w; ++c) out(b, h, t, c) = x(b, h, t0 + t, c);
-  (void)T;
   return out;
 }
 Tensor<float> stat_rows(const Tensor<float>& x, index_t t0, index_t r) {
+  if (x.empty()) return x;
   const index_t B = x.dim(0), H = x.dim(1);
   Tensor<float> out({B, H, r});
   for (index_t b = 0; b < B; ++b)
@@ -76,6 +80,72 @@ std::string validate_attention(const Tensor<float>& q, const Tensor<float>& k, c
     }
   }
   return report;
+}
+
+namespace {
+
+// The backward of the sub-call (q rows [t0, t0 + r), keys [0, keys)) in float and in long double,
+// with its bounds; compares the given slices of the fast gradients.
+using HP = long double;
+
+struct SubBackward {
+  AttentionGrads<float> ref;
+  AttentionGrads<HP> hp;
+  bounds::AttentionBackwardBounds b;
+};
+
+SubBackward sub_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                         const AttentionCotangents<float>& d, const AttentionOptions& opt) {
+  SubBackward s;
+  s.ref = token_attention_backward(q, k, v, d, opt);
+  const Tensor<HP> qh = q.cast<HP>(), kh = k.cast<HP>(), vh = v.cast<HP>();
+  s.hp = token_attention_backward(qh, kh, vh, AttentionCotangents<HP>{d.out.cast<HP>(), d.lse.cast<HP>(), d.p_null.cast<HP>()},
+                                  opt);
+  AttentionOptions fo = opt;
+  fo.return_probs = true;
+  s.b = bounds::attention_backward_bounds(q, k, v, d, opt, token_attention(qh, kh, vh, fo));
+  return s;
+}
+
+AttentionCotangents<float> cotangent_rows(const AttentionCotangents<float>& d, index_t t0, index_t r) {
+  return {rows_of(d.out, t0, r), stat_rows(d.lse, t0, r), stat_rows(d.p_null, t0, r)};
+}
+
+}  // namespace
+
+std::string validate_attention_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                        const AttentionCotangents<float>& d, const AttentionOptions& opt,
+                                        const AttentionGrads<float>& fast, index_t last_rows, index_t first_rows) {
+  if (opt.layout != AttentionLayout::bhtd || opt.window > 0 || !opt.bias.empty())
+    return "validate_attention_backward covers [B, H, T, d] calls without window or bias";
+  const index_t Tq = q.dim(2), Tk = k.dim(2);
+  AttentionOptions o = opt;
+  o.return_probs = false;
+  bounds::ParityOutcome out;
+  {  // the last rows: every key they see; their dq, and (causal) the last keys' dk, dv
+    const index_t r = std::min(last_rows, Tq);
+    const SubBackward s = sub_backward(rows_of(q, Tq - r, r), k, v, cotangent_rows(d, Tq - r, r), o);
+    bounds::check_parity("dq (last rows)", rows_of(fast.q, Tq - r, r), s.ref.q, s.hp.q, s.b.q, out);
+    if (opt.causal) {  // keys [Tk - r, Tk) are seen by rows [Tq - r, Tq) only (bottom-right alignment)
+      const index_t kr = std::min(r, Tk);
+      bounds::check_parity("dk (last keys)", rows_of(fast.k, Tk - kr, kr), rows_of(s.ref.k, Tk - kr, kr),
+                           rows_of(s.hp.k, Tk - kr, kr), rows_of(s.b.k, Tk - kr, kr), out);
+      bounds::check_parity("dv (last keys)", rows_of(fast.v, Tk - kr, kr), rows_of(s.ref.v, Tk - kr, kr),
+                           rows_of(s.hp.v, Tk - kr, kr), rows_of(s.b.v, Tk - kr, kr), out);
+    }
+  }
+  if (opt.causal && first_rows > 0) {  // the first rows see keys [0, r + Tk - Tq) only: their dq
+    const index_t r = std::min(first_rows, Tq);
+    const index_t keys = std::min(Tk, r + Tk - Tq);
+    if (keys > 0) {
+      AttentionOptions of = o;
+      for (index_t& len : of.key_lengths) len = std::min(len, keys);
+      const SubBackward s = sub_backward(rows_of(q, 0, r), rows_of(k, 0, keys), rows_of(v, 0, keys),
+                                         cotangent_rows(d, 0, r), of);
+      bounds::check_parity("dq (first rows)", rows_of(fast.q, 0, r), s.ref.q, s.hp.q, s.b.q, out);
+    }
+  }
+  return out.ok ? "" : std::to_string(out.violations) + " violations\n" + out.first;
 }
 
 [[noreturn]] void abort_run(const std::string& what) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "oasis/attention.hpp"
+#include "oasis/grad/attention_backward.hpp"
 
 namespace oasis_bench {
 
@@ -21,6 +22,18 @@ std::string validate_attention(const oasis::Tensor<float>& q, const oasis::Tenso
                                const oasis::Tensor<float>& v, const oasis::AttentionOptions& opt,
                                const oasis::AttentionResult<float>& fast, oasis::index_t last_rows,
                                oasis::index_t first_rows);
+
+/// Validates a fast attention backward before it is timed, on slices whose gradients do not
+/// depend on the rest of the call: the last `last_rows` query rows with every key (their dq
+/// and, causal only, the dk and dv of the last `last_rows` keys, which no other row sees) and,
+/// causal only, the first `first_rows` rows with the keys they see (their dq). Against the long
+/// double oracle and the float reference under the kernel parity rule, the floor being
+/// attention_backward_bounds; the null logits' gradient (a sum over every row) is not covered
+/// here (the tests check it). Returns "" when the rule holds, else a report.
+std::string validate_attention_backward(const oasis::Tensor<float>& q, const oasis::Tensor<float>& k,
+                                        const oasis::Tensor<float>& v, const oasis::AttentionCotangents<float>& d,
+                                        const oasis::AttentionOptions& opt, const oasis::AttentionGrads<float>& fast,
+                                        oasis::index_t last_rows, oasis::index_t first_rows);
 
 /// Aborts the benchmark run (exit status 2) with a message: a configuration failed validation.
 [[noreturn]] void abort_run(const std::string& what);

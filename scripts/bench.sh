@@ -31,7 +31,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 single=()
 if [ "${OASIS_BENCH_SINGLE:-1}" != 0 ]; then
   OASIS_BENCH_THREADS=1 OMP_NUM_THREADS=1 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 \
-    --benchmark_filter='Ceiling|RowNormalizer|Attention_fast/|Route_fast/|Layer_attnres' \
+    --benchmark_filter='Ceiling|RowNormalizer|Attention_fast/|Attention_backward_fast/|Route_fast/|Layer_attnres' \
     --benchmark_out="$OUT/cpu1.json" --benchmark_out_format=json
   single=(--single "$OUT/cpu1.json")
 fi

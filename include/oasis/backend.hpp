@@ -14,6 +14,7 @@
 
 #include "oasis/attention.hpp"
 #include "oasis/depth.hpp"
+#include "oasis/grad/attention_backward.hpp"
 
 namespace oasis {
 
@@ -34,6 +35,19 @@ std::vector<Backend> available_backends();
 AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const Tensor<float>& k,
                                        const Tensor<float>& v, const AttentionOptions& opt = {});
 
+/// The backward of token attention (oasis/grad/attention_backward.hpp, SPEC §8) on the chosen
+/// backend: the gradients with respect to q, k, v, the null logits and the bias from the
+/// cotangents of token_attention's outputs. The reference backend runs the float reference;
+/// cpu_fast and cuda run their own fused forward (which keeps each row's softmax state) and then
+/// FlashAttention-2's backward with the null category (probabilities recomputed, D = <dO, O> +
+/// p_null dP). Every backend fills every field of AttentionGrads as the reference does: q, k, v,
+/// null_logits (softmax1), bias (with a bias), scores (dL/dz, with opt.return_probs); the fast
+/// paths form bias and scores from a [B, H, Tq, Tk] buffer of dL/dz, only when asked for.
+/// Softmax and softmax1 only (another normaliser throws naming "normalizer", as the reference).
+AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q, const Tensor<float>& k,
+                                               const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                               const AttentionOptions& opt = {});
+
 /// Depth routing of one layer over N tokens (oasis/depth.hpp attn_res_route) on the chosen backend.
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
@@ -45,12 +59,18 @@ namespace detail {
 bool cpu_fast_available(std::string* why);
 AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
                                                 const Tensor<float>& v, const AttentionOptions& opt);
+AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
+                                                        const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                                        const AttentionOptions& opt);
 DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
                                           const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                           const DepthOptions& opt);
 bool cuda_available(std::string* why);
 AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k,
                                             const Tensor<float>& v, const AttentionOptions& opt);
+AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
+                                                    const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                                    const AttentionOptions& opt);
 DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
                                       const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                       const DepthOptions& opt);

@@ -10,9 +10,9 @@
 //    force a narrower one (tests run every variant the CPU supports);
 //  * the vectorised exponential the kernels use, so its error can be measured.
 //
-// Semantics are those of the reference (oasis/attention.hpp token_attention and oasis/depth.hpp
-// attn_res_route): same validation and messages, same outputs, every option (masks, sliding
-// window, additive bias, both layouts). Token attention is fused and tiled (the online softmax of
+// Semantics are those of the reference (oasis/attention.hpp token_attention, oasis/depth.hpp
+// attn_res_route, oasis/grad/attention_backward.hpp token_attention_backward): same validation
+// and messages, same outputs, every option (masks, sliding window, additive bias, both layouts). Token attention is fused and tiled (the online softmax of
 // oasis/online_softmax.hpp: the null category enters every row's sum exactly once); depth
 // routing computes its weights with the reference's own scalar functions and only vectorises the
 // mixing, in the reference's order and arithmetic, so its outputs are bitwise the reference's.
@@ -24,6 +24,7 @@
 
 #include "oasis/attention.hpp"
 #include "oasis/depth.hpp"
+#include "oasis/grad/attention_backward.hpp"
 
 namespace oasis::cpu_fast {
 
@@ -53,6 +54,43 @@ void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const 
 /// token_attention_into with a fresh result.
 AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                        const AttentionOptions& opt = {});
+
+/// What the backward reads of its forward besides the output: each row's final online-softmax
+/// state (oasis/online_softmax.hpp), [B, H, Tq]: M (the running maximum, the null logit included)
+/// and S (the sum in units of e^M). The backward recomputes p_j = e^{z_j - M} (1 / S), the
+/// reference's arithmetic (oasis::normalize_row). FlashAttention-2 keeps LSE = M + log S instead
+/// and forms e^{z_j - LSE}; in float that costs a relative error u |LSE| in every probability of
+/// the row (LSE is rounded where |LSE| is large), which the parity rule would reject for large
+/// logits, so the two numbers are kept (8 bytes per row instead of 4).
+struct AttentionRowState {
+  Tensor<float> max, sum;
+};
+
+/// Token attention into `r` that also writes the row state the backward needs (softmax and
+/// softmax1 only; another normaliser throws naming "normalizer").
+void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                          const AttentionOptions& opt, AttentionResult<float>& r, AttentionRowState& state);
+
+/// The backward of token attention (oasis/grad/attention_backward.hpp, SPEC §8) from a forward of
+/// the same call (`forward`: its out and p_null; `state`: the row state token_attention_into
+/// wrote), into `g` (reusing its storage when the shapes match). FlashAttention-2's algorithm with
+/// the null category: the probabilities are recomputed tile by tile, never stored; D = <dO, O> +
+/// p_null dP per row. Same validation as the reference (check_attention_args,
+/// check_attention_cotangents) plus the forward's shapes ("forward", "state"); the options must be
+/// the forward's (a different mask gives the gradients of a different function). Results: every
+/// field of AttentionGrads as the reference fills it — q, k, v (GQA: summed over each group),
+/// null_logits (softmax1), bias (when the options have one) and scores (dL/dz, [B, H, Tq, Tk],
+/// when opt.return_probs); the last two cost O(B H Tq Tk) memory, the others O(inputs).
+/// Fully masked rows contribute nothing to dq, dk, dv (their null logit receives dLSE).
+/// Deterministic: the sums run in an order fixed by the shapes and the number of OpenMP threads.
+void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                   const AttentionResult<float>& forward, const AttentionRowState& state,
+                                   const AttentionCotangents<float>& d, const AttentionOptions& opt,
+                                   AttentionGrads<float>& g);
+/// The backward in one call: runs the forward (token_attention_into with the row state), then
+/// token_attention_backward_into.
+AttentionGrads<float> token_attention_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                               const AttentionCotangents<float>& d, const AttentionOptions& opt = {});
 
 /// Depth routing of one layer into `r` (reusing its storage when the size matches).
 void attn_res_route_into(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,

@@ -1,6 +1,7 @@
 // Backend dispatch (include/oasis/backend.hpp).
 #include "oasis/backend.hpp"
 
+#include "oasis/grad/instances.hpp"
 #include "oasis/instances.hpp"
 
 namespace oasis {
@@ -53,6 +54,16 @@ AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const 
   check_attention_args(q, k, v, opt);
   return b == Backend::cpu_fast ? detail::cpu_fast_token_attention(q, k, v, opt)
                                 : detail::cuda_token_attention(q, k, v, opt);
+}
+
+AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q, const Tensor<float>& k,
+                                               const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                               const AttentionOptions& opt) {
+  if (b == Backend::reference) return token_attention_backward(q, k, v, d, opt);
+  require_available(b);
+  check_attention_cotangents(check_attention_args(q, k, v, opt), opt, d);
+  return b == Backend::cpu_fast ? detail::cpu_fast_token_attention_backward(q, k, v, d, opt)
+                                : detail::cuda_token_attention_backward(q, k, v, d, opt);
 }
 
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,

@@ -12,6 +12,10 @@ AttentionResult<float> cuda_token_attention(const Tensor<float>&, const Tensor<f
                                             const AttentionOptions&) {
   throw invalid_argument("backend", "cuda is not available: built without the CUDA toolkit");
 }
+AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                                                    const AttentionCotangents<float>&, const AttentionOptions&) {
+  throw invalid_argument("backend", "cuda is not available: built without the CUDA toolkit");
+}
 DepthRoute<float> cuda_attn_res_route(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
                                       const std::vector<SourceKind>&, const DepthOptions&) {
   throw invalid_argument("backend", "cuda is not available: built without the CUDA toolkit");

@@ -7,12 +7,18 @@
 // are otherwise used in place in either layout (strides); the bias is read per tile in double and
 // rounded to float as the reference does; GQA maps query head h to kv head h / (H / H_kv)
 // exactly as the reference.
+// Attention backward: FlashAttention-2's algorithm with the null category (fast_kernels_impl.inc,
+// attention_backward_block) on the forward's output and row state (M, S), run by OpenMP over
+// (batch, kv head, chunk of key tiles); the operands are packed once per call (zero-padded rows of
+// whole vectors, the score gemm's key and value panels); D, 1/S and the null-logit gradient of each
+// row, the dq sums and the bias reduction are done here, in the reference's order.
 // Depth routing: the weights of every token come from the reference's scalar functions
 // (depth_weights: centring, coupling, clamps, normaliser); only the mixing h = sum_i alpha_i s_i,
 // the bandwidth-bound part, is vectorised, in the reference's order and arithmetic.
 // Workspaces are thread_local and grow only (first-touch page faults are paid once).
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -68,6 +74,10 @@ constexpr index_t kMixTokens = 4;  // depth mixing: up to 4 tokens per block whe
 // Workspaces (grow only): the calling thread's packed keys/values and visible key ranges, and
 // each OpenMP thread's tile buffers, row states and depth weights.
 thread_local std::vector<float> tl_kt, tl_v, tl_tile, tl_alpha;
+// the backward's packed operands, per-row arrays and dq buffers (calling thread), and each OpenMP
+// thread's tile workspace
+thread_local std::vector<float> tl_qp, tl_dop, tl_kp, tl_vt, tl_rows, tl_dq, tl_dz, tl_bwd;
+thread_local std::vector<index_t> tl_chunks;
 thread_local std::vector<index_t> tl_span;
 thread_local std::vector<online::State> tl_state;
 
@@ -119,11 +129,24 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
       }
 }
 
+// Panel `tile` of the rows x (batch b, head h) of x, transposed for the score gemm's B operand:
+// dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
+void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
+                float* dst) {
+  for (index_t jj = 0; jj < kKeyTile; ++jj) {
+    const index_t j = tile * kKeyTile + jj;
+    const float* src = x + b * xs.b + h * xs.h + j * xs.t;
+    for (index_t c = 0; c < d; ++c) dst[c * kKeyTile + jj] = j < T ? src[c] : 0.0f;
+  }
+}
+
 // Arguments already validated (check_attention_args). q, k, v and out are read and written in
 // their layout through strides; only the keys are packed (into the score gemm's B panels, as in
-// either layout) and the values when d_v is not a whole number of vectors.
+// either layout) and the values when d_v is not a whole number of vectors. `state`, when given,
+// receives each row's final (M, S) (the backward's input).
 void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                    const AttentionOptions& opt, AttentionResult<float>& r) {
+                    const AttentionOptions& opt, AttentionResult<float>& r,
+                    cpu_fast::AttentionRowState* state = nullptr) {
   if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) {
     // The fused kernel is an online softmax; the other normalisers of the library (the paper's
     // baselines: clipped softmax, sparse maps) need the whole row, so they run the reference.
@@ -154,6 +177,10 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   ensure_shape(r.p_null, {s.B, s.H, s.Tq});
   if (opt.return_probs) ensure_shape(r.probs, {s.B, s.H, s.Tq, s.Tk});
   else r.probs = Tensor<float>();
+  if (state) {
+    ensure_shape(state->max, {s.B, s.H, s.Tq});
+    ensure_shape(state->sum, {s.B, s.H, s.Tq});
+  }
   const Strides os = strides_of(r.out, opt.layout);
 
   float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
@@ -174,12 +201,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   for (index_t bh = 0; bh < BHkv; ++bh)
     for (index_t tile = 0; tile < nt; ++tile) {
       const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
-      float* dst = kt + (bh * nt + tile) * s.d_h * kKeyTile;
-      for (index_t jj = 0; jj < kKeyTile; ++jj) {
-        const index_t j = tile * kKeyTile + jj;
-        const float* src = kd_ + b * ks.b + hk * ks.h + j * ks.t;
-        for (index_t c = 0; c < s.d_h; ++c) dst[c * kKeyTile + jj] = j < s.Tk ? src[c] : 0.0f;
-      }
+      pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile);
       if (pack_v)
         for (index_t j = tile * kKeyTile; j < std::min(s.Tk, (tile + 1) * kKeyTile); ++j) {
           const float* src = vd + b * vs.b + hk * vs.h + j * vs.t;
@@ -232,10 +254,276 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
       a.p_null = r.p_null.data() + row0;
       a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
       a.ldp = s.Tk;
+      a.row_max = state ? state->max.data() + row0 : nullptr;
+      a.row_sum = state ? state->sum.data() + row0 : nullptr;
       K.attention_block(a);
     }
   }
   check_rows(s, opt, r);  // B H Tq values: nothing next to the attention itself
+}
+
+// The forward results the backward reads, checked against the call's shapes (the two-step API takes
+// them from its caller).
+void check_forward(const AttentionShape& s, const AttentionOptions& opt, const AttentionResult<float>& fwd,
+                   const cpu_fast::AttentionRowState& st) {
+  const Shape out = opt.layout == AttentionLayout::bthd ? Shape{s.B, s.Tq, s.H, s.d_v} : Shape{s.B, s.H, s.Tq, s.d_v};
+  const Shape rows{s.B, s.H, s.Tq};
+  OASIS_REQUIRE(fwd.out.shape() == out, "forward", "out has shape ", shape_str(fwd.out.shape()), ", not the output's ",
+                shape_str(out), " (pass the forward of the same call)");
+  OASIS_REQUIRE(fwd.p_null.shape() == rows, "forward", "p_null has shape ", shape_str(fwd.p_null.shape()),
+                ", not [B, H, Tq] = ", shape_str(rows));
+  OASIS_REQUIRE(st.max.shape() == rows && st.sum.shape() == rows, "state", "row state of shapes ",
+                shape_str(st.max.shape()), " and ", shape_str(st.sum.shape()), ", not [B, H, Tq] = ", shape_str(rows),
+                " (the state token_attention_into wrote with the forward)");
+}
+
+// Work of each key tile of batch element b (the number of query rows that see one of its keys,
+// per query head) and the boundaries of nc contiguous chunks of about equal work: tiles
+// [bound[c], bound[c + 1]) form chunk c.
+void chunk_tiles(const index_t* kbegin, const index_t* kend, index_t Tq, index_t Tk, index_t nt, index_t nc,
+                 index_t* bound) {
+  std::vector<double> work(static_cast<std::size_t>(nt));
+  double total = 0;
+  for (index_t tile = 0; tile < nt; ++tile) {
+    const index_t j0 = tile * kKeyTile, j1 = std::min(Tk, j0 + kKeyTile);
+    const index_t lo = std::upper_bound(kend, kend + Tq, j0) - kend;
+    const index_t hi = std::lower_bound(kbegin, kbegin + Tq, j1) - kbegin;
+    work[static_cast<std::size_t>(tile)] = static_cast<double>(std::max<index_t>(hi - lo, 0)) + 1.0;
+    total += work[static_cast<std::size_t>(tile)];
+  }
+  bound[0] = 0;
+  double acc = 0;
+  index_t c = 1;
+  for (index_t tile = 0; tile < nt; ++tile) {
+    acc += work[static_cast<std::size_t>(tile)];
+    while (c < nc && acc >= total * static_cast<double>(c) / static_cast<double>(nc)) bound[c++] = tile + 1;
+  }
+  for (; c <= nc; ++c) bound[c] = nt;
+}
+
+// Arguments validated (check_attention_args, check_attention_cotangents, check_forward); softmax
+// or softmax1.
+void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                   const AttentionResult<float>& fwd, const cpu_fast::AttentionRowState& st,
+                   const AttentionCotangents<float>& d, const AttentionOptions& opt, AttentionGrads<float>& g) {
+  AttentionShape s{};
+  index_t kb, vb, vh, vt_, kd;
+  detail::bhtd_dims(q, opt.layout, s.B, s.H, s.Tq, s.d_h);
+  detail::bhtd_dims(k, opt.layout, kb, s.H_kv, s.Tk, kd);
+  detail::bhtd_dims(v, opt.layout, vb, vh, vt_, s.d_v);
+  const Strides qs = strides_of(q, opt.layout), ks = strides_of(k, opt.layout), vs = strides_of(v, opt.layout);
+  const Strides os = strides_of(fwd.out, opt.layout);
+  const bool has_null = opt.normalizer == RowNorm::softmax1;
+  const Kernels& K = active();
+  const index_t W = K.lanes;
+  const index_t group = s.H / s.H_kv;
+  const index_t nt = (s.Tk + kKeyTile - 1) / kKeyTile;
+  const index_t ldh = (s.d_h + W - 1) / W * W, ldv = (s.d_v + W - 1) / W * W;
+  const index_t BHkv = s.B * s.H_kv, nrows = s.B * s.H * s.Tq;
+  const float scale = opt.scale ? static_cast<float>(*opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
+
+  ensure_shape(g.q, q.shape());
+  ensure_shape(g.k, k.shape());
+  ensure_shape(g.v, v.shape());
+  if (has_null) ensure_shape(g.null_logits, {s.H});
+  else g.null_logits = Tensor<float>();
+  if (!opt.bias.empty()) ensure_shape(g.bias, opt.bias.shape());
+  else g.bias = Tensor<float>();
+  if (opt.return_probs) ensure_shape(g.scores, {s.B, s.H, s.Tq, s.Tk});
+  else g.scores = Tensor<float>();
+  const Strides gqs = strides_of(g.q, opt.layout), gks = strides_of(g.k, opt.layout), gvs = strides_of(g.v, opt.layout);
+
+  // per row: 1/S, D = <dO, O> + p_null dP, dLSE, and ds = p_null ((dP - D) + dLSE) (the reference's
+  // normalize_row_backward arithmetic, with D from the output as FlashAttention-2 forms it)
+  float* rowbuf = grow(tl_rows, static_cast<std::size_t>(4 * nrows));
+  float *row_inv = rowbuf, *row_D = rowbuf + nrows, *row_dlse = rowbuf + 2 * nrows, *row_ds = rowbuf + 3 * nrows;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (index_t bh = 0; bh < s.B * s.H; ++bh)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const index_t b = bh / s.H, h = bh % s.H, r = bh * s.Tq + t;
+      const float sl = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
+      row_inv[r] = online::finish(online::State{st.max[r], st.sum[r]}, has_null, sl).inv;
+      const float pn = has_null ? fwd.p_null[r] : 0.0f;
+      const float dP = d.p_null.empty() ? 0.0f : d.p_null[r];
+      const float dl = d.lse.empty() ? 0.0f : d.lse[r];
+      const float* o = fwd.out.data() + b * os.b + h * os.h + t * os.t;
+      const float* dot_ = d.out.data() + b * os.b + h * os.h + t * os.t;
+      float D = has_null ? pn * dP : 0.0f;
+      for (index_t c = 0; c < s.d_v; ++c) D += dot_[c] * o[c];
+      row_D[r] = D;
+      row_dlse[r] = dl;
+      row_ds[r] = has_null ? pn * ((dP - D) + dl) : 0.0f;
+    }
+
+  // packed operands: q and dO rows padded to ldh / ldv; keys as rows (padded) and as the score
+  // gemm's panels; values as panels
+  float* qp = grow(tl_qp, static_cast<std::size_t>(nrows * ldh));
+  float* dop = grow(tl_dop, static_cast<std::size_t>(nrows * ldv));
+  float* kp = grow(tl_kp, static_cast<std::size_t>(BHkv * nt * kKeyTile * ldh));
+  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
+  float* vt = grow(tl_vt, static_cast<std::size_t>(BHkv * nt * s.d_v * kKeyTile));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (index_t bh = 0; bh < s.B * s.H; ++bh)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const index_t b = bh / s.H, h = bh % s.H, r = bh * s.Tq + t;
+      const float* qr = q.data() + b * qs.b + h * qs.h + t * qs.t;
+      const float* dr = d.out.data() + b * os.b + h * os.h + t * os.t;
+      for (index_t c = 0; c < ldh; ++c) qp[r * ldh + c] = c < s.d_h ? qr[c] : 0.0f;
+      for (index_t c = 0; c < ldv; ++c) dop[r * ldv + c] = c < s.d_v ? dr[c] : 0.0f;
+    }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (index_t bh = 0; bh < BHkv; ++bh)
+    for (index_t tile = 0; tile < nt; ++tile) {
+      const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
+      pack_panel(k.data(), ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile);
+      pack_panel(v.data(), vs, b, hk, tile, s.Tk, s.d_v, vt + (bh * nt + tile) * s.d_v * kKeyTile);
+      for (index_t jj = 0; jj < kKeyTile; ++jj) {
+        const index_t j = tile * kKeyTile + jj;
+        const float* src = k.data() + b * ks.b + hk * ks.h + j * ks.t;
+        float* dst = kp + (bh * nt * kKeyTile + j) * ldh;
+        for (index_t c = 0; c < ldh; ++c) dst[c] = j < s.Tk && c < s.d_h ? src[c] : 0.0f;
+      }
+    }
+
+  // visible key ranges per (batch, query); chunks of key tiles per (batch, kv head): one when
+  // there are at least as many kv heads as threads, else enough for about two tasks per thread
+  if (tl_span.size() < static_cast<std::size_t>(2 * s.B * s.Tq)) tl_span.resize(static_cast<std::size_t>(2 * s.B * s.Tq));
+  index_t* kbegin = tl_span.data();
+  index_t* kend = kbegin + s.B * s.Tq;
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const KeyRange kr = visible_range(s, opt, b, t);
+      kbegin[b * s.Tq + t] = kr.begin;
+      kend[b * s.Tq + t] = kr.end;
+    }
+  const index_t threads = omp_get_max_threads();
+  const index_t nc = BHkv >= threads ? 1 : std::min(nt, (2 * threads + BHkv - 1) / BHkv);
+  if (tl_chunks.size() < static_cast<std::size_t>(s.B * (nc + 1))) tl_chunks.resize(static_cast<std::size_t>(s.B * (nc + 1)));
+  const index_t* chunks = tl_chunks.data();  // (thread_local: the calling thread's, read by the workers)
+  for (index_t b = 0; b < s.B; ++b)
+    chunk_tiles(kbegin + b * s.Tq, kend + b * s.Tq, s.Tq, s.Tk, nt, nc, tl_chunks.data() + b * (nc + 1));
+
+  // dq: one buffer per chunk, summed below in chunk order
+  float* dq = grow(tl_dq, static_cast<std::size_t>(nc * nrows * ldh));
+#pragma omp parallel for schedule(static)
+  for (index_t i = 0; i < nc * nrows; ++i)
+    for (index_t c = 0; c < ldh; ++c) dq[i * ldh + c] = 0.0f;
+
+  // dL/dz of every (row, visible key) when the scores' or the bias's gradient is wanted: into
+  // g.scores, into g.bias when the bias has the full [B, H, Tq, Tk] shape, else a buffer reduced below
+  const bool full_bias = !opt.bias.empty() && opt.bias.shape() == Shape{s.B, s.H, s.Tq, s.Tk};
+  float* dz = nullptr;
+  if (opt.return_probs) dz = g.scores.data();
+  else if (full_bias) dz = g.bias.data();
+  else if (!opt.bias.empty()) dz = grow(tl_dz, static_cast<std::size_t>(nrows * s.Tk));
+  if (dz) {
+#pragma omp parallel for schedule(static)
+    for (index_t r = 0; r < nrows; ++r)
+      for (index_t j = 0; j < s.Tk; ++j) dz[r * s.Tk + j] = 0.0f;
+  }
+
+  const Tensor<double>& bias = opt.bias;
+  const index_t tasks = BHkv * nc;
+#pragma omp parallel
+  {
+    float* ws = grow(tl_bwd, static_cast<std::size_t>(2 * kQueryTile * kKeyTile + kKeyTile * (ldh + ldv)));
+#pragma omp for schedule(dynamic, 1)
+    for (index_t task = 0; task < tasks; ++task) {
+      const index_t bhk = task / nc, c = task % nc;
+      const index_t b = bhk / s.H_kv, hk = bhk % s.H_kv;
+      const index_t r0 = (b * s.H + hk * group) * s.Tq;  // first row of the group's first query head
+      fast::BwdBlock a{};
+      a.Tq = s.Tq;
+      a.Tk = s.Tk;
+      a.d_h = s.d_h;
+      a.d_v = s.d_v;
+      a.ldh = ldh;
+      a.ldv = ldv;
+      a.group = group;
+      a.qp = qp + r0 * ldh;
+      a.dop = dop + r0 * ldv;
+      a.kp = kp + bhk * nt * kKeyTile * ldh;
+      a.kt = kt + bhk * nt * s.d_h * kKeyTile;
+      a.vt = vt + bhk * nt * s.d_v * kKeyTile;
+      a.kbegin = kbegin + b * s.Tq;
+      a.kend = kend + b * s.Tq;
+      if (!bias.empty()) {
+        const bool r2 = bias.rank() == 2;
+        const index_t bb = r2 || bias.dim(0) == 1 ? 0 : b;
+        const bool per_head = !r2 && bias.dim(1) != 1;
+        a.bias = bias.data() + ((bb * (r2 ? 1 : bias.dim(1)) + (per_head ? hk * group : 0)) * s.Tq) * s.Tk;
+        a.bias_sg = per_head ? s.Tq * s.Tk : 0;
+      }
+      a.row_max = st.max.data() + r0;
+      a.row_inv = row_inv + r0;
+      a.row_D = row_D + r0;
+      a.row_dlse = row_dlse + r0;
+      a.scale = scale;
+      const index_t* bound = chunks + b * (nc + 1);
+      a.tile0 = bound[c];
+      a.tile1 = bound[c + 1];
+      a.dq = dq + (c * nrows + r0) * ldh;
+      a.dk = g.k.data() + b * gks.b + hk * gks.h;
+      a.lddk = gks.t;
+      a.dv = g.v.data() + b * gvs.b + hk * gvs.h;
+      a.lddv = gvs.t;
+      a.dz = dz ? dz + r0 * s.Tk : nullptr;
+      a.ws = ws;
+      K.attention_backward_block(a);
+    }
+  }
+
+  // dq = scale * (sum of the chunks' sums), in the layout of q
+#pragma omp parallel for collapse(2) schedule(static)
+  for (index_t bh = 0; bh < s.B * s.H; ++bh)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const index_t b = bh / s.H, h = bh % s.H, r = bh * s.Tq + t;
+      float* out = g.q.data() + b * gqs.b + h * gqs.h + t * gqs.t;
+      for (index_t c = 0; c < s.d_h; ++c) {
+        float x = dq[r * ldh + c];
+        for (index_t ch = 1; ch < nc; ++ch) x += dq[(ch * nrows + r) * ldh + c];
+        out[c] = scale * x;
+      }
+    }
+  // the null logit of head h: sum over (b, t) of ds, in the reference's order
+  if (has_null)
+    for (index_t h = 0; h < s.H; ++h) {
+      float x = 0.0f;
+      for (index_t b = 0; b < s.B; ++b)
+        for (index_t t = 0; t < s.Tq; ++t) x += row_ds[(b * s.H + h) * s.Tq + t];
+      g.null_logits[h] = x;
+    }
+  // a broadcast bias: dz summed over the broadcast batch and head axes, in the reference's (b, h) order
+  if (!opt.bias.empty() && dz != g.bias.data()) {
+    const bool r2 = bias.rank() == 2;
+    const index_t nb = r2 ? 1 : bias.dim(0), nh = r2 ? 1 : bias.dim(1);
+    float* gb = g.bias.data();
+#pragma omp parallel for schedule(static)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      for (index_t bb = 0; bb < nb; ++bb)
+        for (index_t hh = 0; hh < nh; ++hh)
+          for (index_t j = 0; j < s.Tk; ++j) gb[((bb * nh + hh) * s.Tq + t) * s.Tk + j] = 0.0f;
+      for (index_t b = 0; b < s.B; ++b)
+        for (index_t h = 0; h < s.H; ++h) {
+          float* row = gb + (((nb == 1 ? 0 : b) * nh + (nh == 1 ? 0 : h)) * s.Tq + t) * s.Tk;
+          const float* src = dz + ((b * s.H + h) * s.Tq + t) * s.Tk;
+          for (index_t j = 0; j < s.Tk; ++j) row[j] += src[j];
+        }
+    }
+  }
+}
+
+// The one-call backward on validated arguments: the forward with its row state, then the backward.
+AttentionGrads<float> forward_and_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                           const AttentionCotangents<float>& d, const AttentionOptions& opt) {
+  AttentionResult<float> fwd;
+  cpu_fast::AttentionRowState state;
+  AttentionOptions fo = opt;
+  fo.return_probs = false;  // the backward recomputes the probabilities
+  attention_impl(q, k, v, fo, fwd, &state);
+  AttentionGrads<float> g;
+  backward_impl(q, k, v, fwd, state, d, opt, g);
+  return g;
 }
 
 void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
@@ -330,11 +618,20 @@ void release_workspaces() {
   drop(tl_kt);
   drop(tl_v);
   drop(tl_span);
+  drop(tl_qp);
+  drop(tl_dop);
+  drop(tl_kp);
+  drop(tl_vt);
+  drop(tl_rows);
+  drop(tl_dq);
+  drop(tl_dz);
+  drop(tl_chunks);
 #pragma omp parallel
   {
     drop(tl_tile);
     drop(tl_state);
     drop(tl_alpha);
+    drop(tl_bwd);
   }
 }
 
@@ -355,6 +652,31 @@ AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<floa
   AttentionResult<float> r;
   token_attention_into(q, k, v, opt, r);
   return r;
+}
+
+void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                          const AttentionOptions& opt, AttentionResult<float>& r, AttentionRowState& state) {
+  check_attention_args(q, k, v, opt);
+  OASIS_REQUIRE(opt.normalizer == RowNorm::softmax || opt.normalizer == RowNorm::softmax1, "normalizer",
+                "the row state is the online softmax's (softmax and softmax1), got ", to_string(opt.normalizer));
+  attention_impl(q, k, v, opt, r, &state);
+}
+
+void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                   const AttentionResult<float>& forward, const AttentionRowState& state,
+                                   const AttentionCotangents<float>& d, const AttentionOptions& opt,
+                                   AttentionGrads<float>& g) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  check_attention_cotangents(s, opt, d);
+  check_forward(s, opt, forward, state);
+  backward_impl(q, k, v, forward, state, d, opt, g);
+}
+
+AttentionGrads<float> token_attention_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                               const AttentionCotangents<float>& d, const AttentionOptions& opt) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  check_attention_cotangents(s, opt, d);
+  return forward_and_backward(q, k, v, d, opt);
 }
 
 void attn_res_route_into(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
@@ -383,6 +705,12 @@ AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Te
   AttentionResult<float> r;
   attention_impl(q, k, v, opt, r);  // validated by the dispatcher
   return r;
+}
+
+AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
+                                                        const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                                        const AttentionOptions& opt) {
+  return forward_and_backward(q, k, v, d, opt);  // validated by the dispatcher
 }
 
 DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,

@@ -43,6 +43,38 @@ struct AttnBlock {
   float* p_null;         ///< rows
   float* probs;          ///< rows x ldp, or null
   idx ldp;
+  float* row_max;        ///< rows: the final running maximum M of each row, or null
+  float* row_sum;        ///< rows: the final sum S of each row (in units of e^M), or null
+};
+
+/// One task of the attention backward: the key tiles [tile0, tile1) of one (batch, kv head), with
+/// every query row of its group's query heads that sees one of their keys. Packed operands
+/// (zero-padded to whole vectors: ldh, ldv multiples of the vector width) and per-row arrays are
+/// indexed by r = g * Tq + t for query head hk * group + g of the kv head.
+struct BwdBlock {
+  idx Tq, Tk, d_h, d_v, ldh, ldv, group;
+  const float* qp;        ///< queries, row r at qp + r * ldh
+  const float* dop;       ///< dL/dout, row r at dop + r * ldv
+  const float* kp;        ///< keys, key j at kp + j * ldh
+  const float* kt;        ///< key tiles [tile][d_h][kKeyTile] (as AttnBlock::kt)
+  const float* vt;        ///< value tiles [tile][d_v][kKeyTile]
+  const idx* kbegin;      ///< visible keys of query t: [kbegin[t], kend[t]) (the batch element's,
+  const idx* kend;        ///< the same for every head; non-decreasing in t)
+  const double* bias;     ///< additive bias of (g, t, j) at bias[g * bias_sg + t * Tk + j], or null
+  idx bias_sg;
+  const float* row_max;   ///< per row r: the forward's final M
+  const float* row_inv;   ///< 1 / S (0: the row has no visible key with a finite logit)
+  const float* row_D;     ///< D = <dO, O> + p_null dP
+  const float* row_dlse;  ///< dL/dLSE (0 when not given)
+  float scale;
+  idx tile0, tile1;
+  float* dq;              ///< accumulated (+=), unscaled: row r at dq + r * ldh
+  float* dk;              ///< key j's gradient at dk + j * lddk (scaled), d_h written
+  idx lddk;
+  float* dv;              ///< key j's at dv + j * lddv, d_v written
+  idx lddv;
+  float* dz;              ///< dL/dz of row r, key j at dz[r * Tk + j] (visible keys written), or null
+  float* ws;              ///< workspace: 2 kQueryTile kKeyTile + kKeyTile (ldh + ldv) floats
 };
 
 struct Kernels {
@@ -55,6 +87,8 @@ struct Kernels {
   /// and the block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A
   /// visible -inf score is a masked key, as in the reference.
   void (*attention_block)(const AttnBlock& a);
+  /// The attention backward of one task (BwdBlock; algorithm in fast_kernels_impl.inc).
+  void (*attention_backward_block)(const BwdBlock& a);
   /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
   /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the
   /// reference's arithmetic). Returns false if a source element is not finite.

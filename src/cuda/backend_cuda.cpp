@@ -76,7 +76,6 @@ bool available(std::string* why) {
 // --- attention -------------------------------------------------------------------------------------
 
 namespace detail {
-namespace {
 
 /// The CUDA backend's limits on top of check_attention_args (shared by every entry point).
 void check_cuda_attention_limits(const AttentionShape& s, RowNorm normalizer) {
@@ -144,6 +143,40 @@ void set_bias_strides(AttentionLaunch& a, const Shape& bias, const AttentionShap
   a.bias_sb = r4 && bias[0] != 1 ? bias[1] * s.Tq * s.Tk : 0;
 }
 
+DeviceAttentionOptions set_attention_options(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt) {
+  std::vector<float> nulls(opt.null_logits.begin(), opt.null_logits.end());  // T(s) with T = float
+  std::vector<int> lens(opt.key_lengths.begin(), opt.key_lengths.end());
+  std::vector<float> bias(static_cast<std::size_t>(opt.bias.size()));  // T(b) with T = float
+  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(opt.bias[static_cast<index_t>(i)]);
+  DeviceAttentionOptions d{to_device(nulls), to_device(bias), to_device(lens)};
+  a.softmax1 = opt.normalizer == RowNorm::softmax1;
+  a.null_logits = nulls.empty() ? nullptr : d.null_logits.get();
+  a.causal = opt.causal;
+  a.key_lengths = lens.empty() ? nullptr : d.key_lengths.get();
+  a.window = static_cast<int>(std::min(opt.window, s.Tk));  // W >= Tk sees every earlier key, as W = Tk
+  if (!bias.empty()) {
+    a.bias = d.bias.get();
+    set_bias_strides(a, opt.bias.shape(), s);
+  }
+  a.scale = attention_scale(s, opt.scale);
+  return d;
+}
+
+void check_masked_lse(const AttentionShape& s, const AttentionOptions& opt, const Tensor<float>& lse) {
+  // A row whose visible scores are all -inf (masked by the bias, or overflowed to -inf) is fully
+  // masked (LSE = -inf), as in normalize_row; with MaskedRow::error plain softmax rejects it like a
+  // row without visible keys.
+  if (opt.normalizer == RowNorm::softmax && opt.masked_row == MaskedRow::error)
+    for (index_t b = 0; b < s.B; ++b)
+      for (index_t h = 0; h < s.H; ++h)
+        for (index_t t = 0; t < s.Tq; ++t)
+          OASIS_REQUIRE(!(std::isinf(lse(b, h, t)) && lse(b, h, t) < 0), "scores",
+                        "plain softmax on a fully masked row (batch ", b, ", head ", h, ", query ", t,
+                        ": every visible score is -inf) and MaskedRow::error was requested");
+}
+
+namespace {
+
 /// Runs validated attention from host buffers of element size `elem` (already in device layout).
 AttentionResult<float> run_attention(io::DType type, const void* q, const void* k, const void* v, std::size_t elem,
                                      const AttentionShape& s, const AttentionOptions& opt) {
@@ -155,29 +188,13 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   dq.upload(static_cast<const unsigned char*>(q));
   dk.upload(static_cast<const unsigned char*>(k));
   dv.upload(static_cast<const unsigned char*>(v));
-  std::vector<float> nulls(opt.null_logits.begin(), opt.null_logits.end());  // T(s) with T = float
-  std::vector<int> lens(opt.key_lengths.begin(), opt.key_lengths.end());
-  std::vector<float> bias(static_cast<std::size_t>(opt.bias.size()));  // T(b) with T = float
-  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(opt.bias[static_cast<index_t>(i)]);
-  DeviceBuffer<float> dnull = to_device(nulls);
-  DeviceBuffer<int> dlen = to_device(lens);
-  DeviceBuffer<float> dbias = to_device(bias);
   DeviceBuffer<float> dout(rows * static_cast<std::size_t>(s.d_v)), dlse(rows), dpn(rows);
   DeviceBuffer<float> dmax(opt.return_probs ? rows : 0), dsum(opt.return_probs ? rows : 0);
   DeviceBuffer<int> dbad(1);
   check(cudaMemset(dbad.get(), 0, sizeof(int)), "cudaMemset");
 
   AttentionLaunch a = layout_launch(type, dq.get(), dk.get(), dv.get(), s, opt.layout);
-  a.softmax1 = opt.normalizer == RowNorm::softmax1;
-  a.null_logits = nulls.empty() ? nullptr : dnull.get();
-  a.causal = opt.causal;
-  a.key_lengths = lens.empty() ? nullptr : dlen.get();
-  a.window = static_cast<int>(std::min(opt.window, s.Tk));  // W >= Tk sees every earlier key, as W = Tk
-  if (!bias.empty()) {
-    a.bias = dbias.get();
-    set_bias_strides(a, opt.bias.shape(), s);
-  }
-  a.scale = attention_scale(s, opt.scale);
+  const DeviceAttentionOptions options = set_attention_options(a, s, opt);
   a.out = dout.get();
   a.lse = dlse.get();
   a.p_null = dpn.get();
@@ -206,16 +223,7 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   dlse.download(r.lse.data());
   dpn.download(r.p_null.data());
   check(cudaDeviceSynchronize(), "attention kernels");
-  // A row whose visible scores are all -inf (masked by the bias, or overflowed to -inf) is fully
-  // masked (LSE = -inf), as in normalize_row; with MaskedRow::error plain softmax rejects it like a
-  // row without visible keys.
-  if (opt.normalizer == RowNorm::softmax && opt.masked_row == MaskedRow::error)
-    for (index_t b = 0; b < s.B; ++b)
-      for (index_t h = 0; h < s.H; ++h)
-        for (index_t t = 0; t < s.Tq; ++t)
-          OASIS_REQUIRE(!(std::isinf(r.lse(b, h, t)) && r.lse(b, h, t) < 0), "scores",
-                        "plain softmax on a fully masked row (batch ", b, ", head ", h, ", query ", t,
-                        ": every visible score is -inf) and MaskedRow::error was requested");
+  check_masked_lse(s, opt, r.lse);
   return r;
 }
 

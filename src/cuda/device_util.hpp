@@ -83,6 +83,33 @@ inline void require_int(index_t x, const char* arg, const char* what, index_t li
 
 }  // namespace oasis::cuda::detail
 
+#include "oasis/attention.hpp"
+
+namespace oasis::cuda::detail {
+
+// Attention calls (backend_cuda.cpp), shared by the forward and the backward's host wrappers.
+
+/// The CUDA backend's limits on top of check_attention_args (head sizes, int ranges).
+void check_cuda_attention_limits(const AttentionShape& s, RowNorm normalizer);
+/// Plain softmax with MaskedRow::error throws on a row without visible keys ("scores").
+void check_masked_rows(const AttentionShape& s, const AttentionOptions& opt);
+/// After the forward: plain softmax with MaskedRow::error throws on a row whose visible scores
+/// were all -inf (LSE = -inf), as normalize_row does ("scores").
+void check_masked_lse(const AttentionShape& s, const AttentionOptions& opt, const Tensor<float>& lse);
+/// A launch on contiguous q, k, v and out in `layout` ([B, H, T, d] or [B, T, H, d]), by strides.
+AttentionLaunch layout_launch(io::DType type, const void* q, const void* k, const void* v, const AttentionShape& s,
+                              AttentionLayout layout);
+/// The device copies of an attention call's options (float32: T(x) with T = float, as the
+/// reference); they must outlive the launches that use them.
+struct DeviceAttentionOptions {
+  DeviceBuffer<float> null_logits, bias;
+  DeviceBuffer<int> key_lengths;
+};
+/// Sets the launch's normaliser, null logits, masks, bias and scale from `opt`.
+DeviceAttentionOptions set_attention_options(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt);
+
+}  // namespace oasis::cuda::detail
+
 #include "oasis/depth.hpp"
 
 namespace oasis::cuda::detail {

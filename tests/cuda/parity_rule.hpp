@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -30,6 +31,24 @@ inline double abs_err(double a, double b) {
   if (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) return 0.0;
   return std::abs(a - b);
 }
+
+/// The backends a parity program runs: the emulator build (test_cuda_emu_parity) the CUDA backend
+/// only, the CPU backends running in test_cuda_parity.
+inline std::vector<Backend> parity_backends() {
+#if defined(OASIS_CUDA_EMU)
+  return {Backend::cuda};
+#else
+  return {Backend::reference, Backend::cpu_fast, Backend::cuda};
+#endif
+}
+
+/// A backend that is not available in this process skips the test with its reason.
+#define OASIS_SKIP_UNLESS_AVAILABLE(b)                                                               \
+  if (!backend_available(b))                                                                         \
+  GTEST_SKIP() << "backend " << to_string(b) << " is not available: " << backend_unavailable_reason(b)
+
+/// A per-case seed offset from the case's name.
+inline std::uint64_t salt_of(const std::string& s) { return std::hash<std::string>{}(s) % 1000003ULL; }
 
 /// The rule above as a GoogleTest assertion (the rule itself is bounds::check_parity).
 template <class R>

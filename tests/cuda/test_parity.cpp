@@ -31,19 +31,7 @@ namespace {
 
 using R = mp50;
 
-#define OASIS_SKIP_UNLESS_AVAILABLE(b)                                                               \
-  if (!backend_available(b))                                                                         \
-  GTEST_SKIP() << "backend " << to_string(b) << " is not available: " << backend_unavailable_reason(b)
-
-std::uint64_t salt_of(const std::string& s) { return std::hash<std::string>{}(s) % 1000003ULL; }
-
-#if defined(OASIS_CUDA_EMU)
-// The emulator build (test_cuda_emu_parity) runs the CUDA backend only; the CPU backends run in
-// test_cuda_parity.
-const std::vector<Backend> kBackends = {Backend::cuda};
-#else
-const std::vector<Backend> kBackends = {Backend::reference, Backend::cpu_fast, Backend::cuda};
-#endif
+const std::vector<Backend> kBackends = parity_backends();
 
 /// Exact outcomes of rows with no visible key (none in the key range, or all masked by the bias):
 /// softmax1 out 0, p_null 1, LSE1 = s; plain softmax the documented zero (out 0, p_null 0, LSE -inf).

@@ -82,12 +82,6 @@ AuthorsLogitGrads<T> authors_router_logits_backward(const Tensor<T>& sources, co
   return r;
 }
 
-/// As model::finish_route: g_old clamped to [-L, L] when coupling is off and the convention
-/// clamps scores (the coupled path clamps after coupling instead).
-inline bool clamps_uncoupled_logits(const DepthOptions& opt) {
-  return !opt.coupling && std::isfinite(opt.coupling_options.score_clamp);
-}
-
 /// Gradients of a whole router: logits, the uncoupled clamp, coupling, normaliser and mix.
 template <class T>
 struct RouteGrads {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "device_util.hpp"
 
@@ -27,18 +28,23 @@ namespace {
 constexpr int kMaxKeySplits = 1024;
 constexpr index_t kMinKeysPerWarp = 64;  // a split's warp streams at least this many keys
 
-/// Streaming multiprocessors of the current device, queried once per device.
+/// Streaming multiprocessors of the current device, queried once per device (1 without one).
 int multiprocessors() {
-  static int cached[64] = {};
+  static std::atomic<int> cached[64] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
-  if (cached[dev] == 0) {
-    cudaDeviceProp prop{};
-    cached[dev] = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.multiProcessorCount > 0
-                      ? prop.multiProcessorCount
-                      : 1;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return 1;
   }
-  return cached[dev];
+  int n = cached[dev].load();
+  if (n == 0) {
+    cudaDeviceProp prop{};
+    n = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.multiProcessorCount > 0 ? prop.multiProcessorCount
+                                                                                            : 1;
+    cudaGetLastError();
+    cached[dev].store(n);
+  }
+  return n;
 }
 
 index_t row_groups(const AttentionShape& s) { return (s.H / s.H_kv * s.Tq + kSplitRows - 1) / kSplitRows; }

@@ -65,7 +65,7 @@ struct KernelOptions {
 
 /// What `automatic` resolves to for a call of this shape on the current device (the heuristic of
 /// docs/cuda.md, "Choosing a kernel"): split_keys when (H / H_kv) Tq <= 16 and Tk >= 256, with
-/// key_splits = clamp(ceil(8 SMs / (B H_kv ceil((H / H_kv) Tq / 4))), 1, ceil(Tk / 256)); else
+/// key_splits = clamp(ceil(16 SMs / (B H_kv ceil((H / H_kv) Tq / 4))), 1, ceil(Tk / 256)); else
 /// fused. An explicit kernel is returned as given (with the split count filled in for split_keys).
 struct KernelChoice {
   AttentionKernel kernel;

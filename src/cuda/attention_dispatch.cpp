@@ -51,7 +51,8 @@ index_t row_groups(const AttentionShape& s) { return (s.H / s.H_kv * s.Tq + kSpl
 
 int heuristic_splits(const AttentionShape& s) {
   const index_t units = s.B * s.H_kv * row_groups(s);
-  const index_t target = 8 * static_cast<index_t>(multiprocessors());  // 8 blocks of 4 warps per SM
+  // 16 blocks of 4 warps per SM: several waves of the 4 blocks an SM holds, so the last one is short
+  const index_t target = 16 * static_cast<index_t>(multiprocessors());
   const index_t most = std::max<index_t>(1, (s.Tk + kSplitWarps * kMinKeysPerWarp - 1) / (kSplitWarps * kMinKeysPerWarp));
   return static_cast<int>(std::clamp<index_t>((target + units - 1) / units, 1, std::min<index_t>(most, kMaxKeySplits)));
 }
@@ -84,13 +85,13 @@ SplitLaunch split_plan(const AttentionLaunch& a, int splits) {
   SplitLaunch sp;
   sp.splits = splits;
   const long long parts = static_cast<long long>(splits) * kSplitWarps;
-  sp.keys_per_partial = static_cast<int>(std::max<long long>(1, (a.Tk + parts - 1) / parts));
+  sp.keys_per_warp = static_cast<int>(std::max<long long>(1, (a.Tk + parts - 1) / parts));
   return sp;
 }
 
 std::size_t split_workspace_floats(const AttentionLaunch& a, const SplitLaunch& s) {
   const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.H) * static_cast<std::size_t>(a.Tq);
-  return rows * static_cast<std::size_t>(s.splits) * kSplitWarps * (2 + static_cast<std::size_t>(a.d_v));
+  return rows * static_cast<std::size_t>(s.splits) * (2 + static_cast<std::size_t>(a.d_v));
 }
 
 void launch_chosen(const AttentionLaunch& a, const KernelChoice& c, CUstream_st* stream) {
@@ -102,7 +103,7 @@ void launch_chosen(const AttentionLaunch& a, const KernelChoice& c, CUstream_st*
   }
   SplitLaunch sp = split_plan(a, c.key_splits);
   const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.H) * static_cast<std::size_t>(a.Tq);
-  const std::size_t slots = rows * static_cast<std::size_t>(sp.splits) * kSplitWarps;
+  const std::size_t slots = rows * static_cast<std::size_t>(sp.splits);
   void* ws = nullptr;
   check(cudaMallocAsync(&ws, split_workspace_floats(a, sp) * sizeof(float), stream), "cudaMallocAsync (split-K workspace)");
   sp.part_m = static_cast<float*>(ws);

@@ -15,10 +15,10 @@ namespace oasis::cuda::detail {
 KernelChoice resolve_kernel(const AttentionShape& s, io::DType type, const AttentionOptions& opt,
                             const KernelOptions& k);
 
-/// The split launch of `splits` blocks per row group: keys_per_partial covers Tk, workspace
+/// The split launch of `splits` blocks per row group: keys_per_warp covers Tk, workspace
 /// pointers left null.
 SplitLaunch split_plan(const AttentionLaunch& a, int splits);
-/// Floats of the split workspace: rows * P * (2 + d_v).
+/// Floats of the split workspace: B H Tq splits (2 + d_v).
 std::size_t split_workspace_floats(const AttentionLaunch& a, const SplitLaunch& s);
 
 /// Launches the chosen kernel(s) on a filled launch, asynchronously on `stream`; split_keys

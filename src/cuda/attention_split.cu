@@ -11,17 +11,19 @@
 // partial dot products, and one reduce-scatter of the 32 values (31 shuffles) leaves at lane l
 // the score of row l / 8 with key l % 8 — the 8 lanes of a row then run the online softmax of
 // online_softmax.hpp on the chunk (a tile of 8 keys), and the outputs o[r][c] are accumulated
-// per lane with the weights broadcast by shuffles. A warp writes (M_p, S_p, o_p) for its rows,
-// empty states (M = -inf, S = 0, o = 0) included, so the workspace is always defined.
+// per lane with the weights broadcast by shuffles. The warps then leave their states (M_p, S_p,
+// o_p) in shared memory and warp w merges the four states of row w in key order into the split's
+// partial, which it writes, empty states (M = -inf, S = 0, o = 0) included, so the workspace is
+// always defined.
 //
 // Scores: z = scale * <q, k> with the dot product summed per lane in column order (fmaf) and then
 // over the lanes by a fixed tree: another order than the reference's, covered by the parity
 // rule's score term (any order, at most d_h roundings: docs/tolerances.md, "CUDA split-K").
 //
 // Combine kernel: one warp per row (b, h, t); lane owns columns c = lane + 32 i. It starts from
-// online_start(softmax1, s), merges the P partials in key order and finishes exactly as the fused
-// kernel (online_finish), writing out, lse, p_null and, when requested, row_max / row_sum for the
-// probability kernel.
+// online_start(softmax1, s), merges the splits' partials in key order and finishes exactly as
+// the fused kernel (online_finish), writing out, lse, p_null and, when requested, row_max /
+// row_sum for the probability kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -83,12 +85,14 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
   constexpr int R = D / 32;  // columns per lane
   constexpr int NR = kSplitRows;
   __shared__ __align__(16) float Qs[NR][D];
+  __shared__ float Ms[kSplitWarps][NR], Ls[kSplitWarps][NR];  // the warps' states, for the block merge
+  __shared__ __align__(16) float Os[kSplitWarps][NR][D];
 
   const int b = blockIdx.z, hk = blockIdx.y;
   const int split = static_cast<int>(blockIdx.x) % s.splits, group = static_cast<int>(blockIdx.x) / s.splits;
   const int G = a.H / a.H_kv, rows = G * a.Tq;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int P = s.splits * kSplitWarps, part = split * kSplitWarps + warp;
+  const int range = split * kSplitWarps + warp;
 
   // The group's rows: row r0 + r is query head hk * G + (r0 + r) / Tq at query (r0 + r) % Tq.
   const int r0 = group * NR;
@@ -127,9 +131,9 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
   int kmax = 0;
 #pragma unroll
   for (int r = 0; r < NR; ++r) kmax = max(kmax, nvis[r]);
-  const long long first = static_cast<long long>(part) * s.keys_per_partial;
+  const long long first = static_cast<long long>(range) * s.keys_per_warp;
   const int begin = static_cast<int>(min(first, static_cast<long long>(kmax)));
-  const int end = static_cast<int>(min(first + s.keys_per_partial, static_cast<long long>(kmax)));
+  const int end = static_cast<int>(min(first + s.keys_per_warp, static_cast<long long>(kmax)));
 
   const int my_row = lane / kChunk, my_key = lane % kChunk;  // the score this lane holds after the scatter
   int my_nvis = 0;
@@ -193,19 +197,43 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
       }
   }
 
+  // The block merge: every warp's state of every row to shared memory, then warp w merges the
+  // four states of row w (warps in key order) into the split's partial.
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
-    if (out_row[r] < 0) continue;
-    const long long slot = out_row[r] * P + part;
     if (lane == r * kChunk) {
-      s.part_m[slot] = st.m;
-      s.part_l[slot] = st.l;
+      Ms[warp][r] = st.m;
+      Ls[warp][r] = st.l;
     }
-    float* po = s.part_o + slot * a.d_v;
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (lane * R + i < a.d_v) po[lane * R + i] = o[r][i];
+    for (int i = 0; i < R; ++i) Os[warp][r][lane * R + i] = o[r][i];
   }
+  __syncthreads();
+  const int r = warp;
+  long long row_out = -1;
+#pragma unroll
+  for (int rr = 0; rr < NR; ++rr)
+    if (rr == r) row_out = out_row[rr];
+  if (row_out < 0) return;  // a row beyond the group: the whole warp leaves (no collective follows)
+  OnlineRow m = online_start(false, 0.0f);
+  float om[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) om[i] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kSplitWarps; ++w) {
+    const MergeFactors f = online_merge(m, OnlineRow{Ms[w][r], Ls[w][r]});
+#pragma unroll
+    for (int i = 0; i < R; ++i) om[i] = merge_output(om[i], Os[w][r][lane * R + i], f);
+  }
+  const long long slot = row_out * s.splits + split;
+  if (lane == 0) {
+    s.part_m[slot] = m.m;
+    s.part_l[slot] = m.l;
+  }
+  float* po = s.part_o + slot * a.d_v;
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    if (lane * R + i < a.d_v) po[lane * R + i] = om[i];
 }
 
 /// One warp per row: the null category's state, then the partials merged in key order.
@@ -216,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const Attention
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // whole warps leave together (no collective below)
   const int h = static_cast<int>(row / a.Tq % a.H);
-  const int P = s.splits * kSplitWarps;
+  const int P = s.splits;
   const float s_null = a.softmax1 ? (a.null_logits ? a.null_logits[h] : 0.0f) : -INFINITY;
   OnlineRow st = online_start(a.softmax1, s_null);  // the null category, added exactly once
   float o[C];
@@ -262,8 +290,8 @@ int launch_partials_typed(const AttentionLaunch& a, const SplitLaunch& s, cudaSt
 }  // namespace
 
 int launch_attention_split_partials(const AttentionLaunch& a, const SplitLaunch& s, CUstream_st* stream) {
-  if (a.d_h > kMaxHeadDim || a.d_v > kMaxHeadDim || s.splits < 1 || s.keys_per_partial < 1 ||
-      static_cast<long long>(s.splits) * kSplitWarps * s.keys_per_partial < a.Tk)
+  if (a.d_h > kMaxHeadDim || a.d_v > kMaxHeadDim || s.splits < 1 || s.keys_per_warp < 1 ||
+      static_cast<long long>(s.splits) * kSplitWarps * s.keys_per_warp < a.Tk)
     return static_cast<int>(cudaErrorInvalidValue);
   switch (a.in_type) {
     case io::DType::f32: return launch_partials_typed<float>(a, s, stream);

@@ -189,11 +189,14 @@ __global__ void __launch_bounds__(kThreads) attention_tc_kernel(const AttentionL
       st.l += psum + __shfl_xor_sync(kFull, psum, 16);  // both halves add the same two sums
       if (half == 0) row_factor[warp][r] = corr;
       __syncwarp();
-      // 3. O rescaled row by row.
+      // 3. O rescaled row by row (every accumulator of the type maps element i to the same row).
+      float factor[decltype(row_of)::num_elements];
+#pragma unroll
+      for (int i = 0; i < row_of.num_elements; ++i) factor[i] = row_factor[warp][static_cast<int>(row_of.x[i])];
 #pragma unroll
       for (int f = 0; f < DF; ++f)
 #pragma unroll
-        for (int i = 0; i < o[f].num_elements; ++i) o[f].x[i] *= row_factor[warp][static_cast<int>(row_of.x[i])];
+        for (int i = 0; i < o[f].num_elements; ++i) o[f].x[i] *= factor[i];
       // 4. O += P V.
 #pragma unroll
       for (int kk = 0; kk < KF; ++kk) {

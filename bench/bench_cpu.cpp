@@ -163,9 +163,11 @@ struct AttnInputs {
   double flops = 0;
 };
 
-const AttnInputs& attn_inputs(index_t T, index_t d) {
-  static std::map<std::pair<index_t, index_t>, AttnInputs> cache;
-  auto it = cache.find({T, d});
+// H = 8 heads of T queries and keys, causal Softmax1; with a sliding window W > 0 (gpt-oss's
+// windowed layers: W = 128) each row sees min(t + 1, W) keys.
+const AttnInputs& attn_inputs(index_t T, index_t d, index_t W = 0) {
+  static std::map<std::tuple<index_t, index_t, index_t>, AttnInputs> cache;
+  auto it = cache.find({T, d, W});
   if (it != cache.end()) return it->second;
   AttnInputs in;
   const index_t H = 8;
@@ -175,9 +177,12 @@ const AttnInputs& attn_inputs(index_t T, index_t d) {
   in.v = oasis::test::randn<float>({1, H, T, d}, rng);
   in.opt.normalizer = RowNorm::softmax1;
   in.opt.causal = true;
+  in.opt.window = W;
   // useful work: every visible (query, key) pair costs 2 d_h (score) + 2 d_v (output) flops
-  in.flops = static_cast<double>(H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2.0 * 4.0 * d;
-  return cache.emplace(std::make_pair(T, d), std::move(in)).first->second;
+  double pairs = 0;
+  for (index_t t = 0; t < T; ++t) pairs += static_cast<double>(W > 0 ? std::min(t + 1, W) : t + 1);
+  in.flops = static_cast<double>(H) * pairs * 4.0 * static_cast<double>(d);
+  return cache.emplace(std::make_tuple(T, d, W), std::move(in)).first->second;
 }
 
 void BM_Attention_reference(benchmark::State& st) {
@@ -204,6 +209,22 @@ void BM_Attention_fast(benchmark::State& st) {
   }
   report_flops(st, in.flops, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+}
+
+// A sliding-window layer: the kernel visits only the key tiles of each query block's band, so the
+// time follows T W, not T^2 (compare BM_Attention_fast/4096/64, the full causal layer).
+void BM_Attention_fast_window(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1), st.range(2));
+  AttentionResult<float> r;
+  cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);
+  validate_fast_attention(in, r);
+  const Span t0 = Span::start();
+  for (auto _ : st) {
+    cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, r);
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, in.flops, t0);
+  st.SetLabel(std::string(cpu_fast::isa()) + ", window " + std::to_string(st.range(2)));
 }
 
 // The one-call Backend API: allocates (and first-touches) the result tensors on every call.
@@ -356,6 +377,7 @@ BENCHMARK(BM_Ceiling_Triad)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRe
 BENCHMARK(BM_RowNormalizer_reference_softmax1)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RowNormalizer_fast_vector_exp)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Attention_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
+BENCHMARK(BM_Attention_fast_window)->Args({4096, 64, 128})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_fast_backend_api)->Args({4096, 64})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_reference)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Route_fast)->Arg(8)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);

@@ -104,6 +104,14 @@ def targets(cpu, single):
     if r is not None:
         lines.append(f"| depth routing, 32 sources, d=2048: >= 0.50 of same-run triad | {fmt(r)} | "
                      f"{'met' if r >= 0.5 else 'NOT met'} | {fmt(r1)} |")
+    for prefix, limit, what in (("BM_Verify_attention_causal", 30, "compare check, [1,32,4096,128] causal f32 attention"),
+                                ("BM_Verify_attention_gptoss", 30, "compare check, gpt-oss-like [1,64,4096,64], 8 kv heads, sinks"),
+                                ("BM_Verify_depth", 10, "compare check, depth routing, 8192 tokens x 33 sources, d=2048")):
+        b = find(cpu, prefix)
+        if b and "check_s" in b:
+            cpu_s = b.get("cpu_s")
+            lines.append(f"| {what}: <= {limit} s | {b['check_s']:.1f} s (CPU {cpu_s:.1f} s; mp50 est. "
+                         f"{b.get('mp50_s_estimate', 0):.3g} s) | {'met' if b['check_s'] <= limit else 'NOT met'} | - |")
     return "\n".join(lines)
 
 

@@ -165,12 +165,12 @@ RouteEval route(CheckRun& run, const RouteFn<T>& f, const RouteSpec& s) {
                                     scaled(b.g, fac), scaled(b.dpsi, fac)};
   };
   if constexpr (std::is_same_v<T, mp50>) {
-    e.bound = scale_all(bounds::depth_route_bounds<T, mp50>(src, g, psi, s.kinds, s.opt, e.val));
+    e.bound = scale_all(bounds::depth_route_bounds<T, mp50>(src, psi, s.kinds, s.opt, e.val));
   } else {
     const DepthRoute<mp50> ref =
         attn_res_route<mp50>(tensor_of<mp50>({s.n, s.N, s.d}, s.sources), tensor_of<mp50>({s.n, s.N}, s.g_old),
                              tensor_of<mp50>({s.n, s.N}, s.psi), s.kinds, s.opt);
-    e.bound = scale_all(bounds::depth_route_bounds<T, mp50>(src, g, psi, s.kinds, s.opt, ref));
+    e.bound = scale_all(bounds::depth_route_bounds<T, mp50>(src, psi, s.kinds, s.opt, ref));
     compare(run, "routed state h vs mp50", e.val.h, ref.h, e.bound.h);
     compare(run, "depth weights vs mp50", e.val.alpha, ref.alpha, e.bound.alpha);
     compare(run, "depth null weight vs mp50", e.val.alpha_null, ref.alpha_null, e.bound.alpha_null);

@@ -1,7 +1,7 @@
 // verify/main.cpp — the oasis-verify command line.
 //
 //   oasis-verify [selfcheck] [--json FILE] [--only ID]... [--instances N] [--seed S] [--quiet]
-//   oasis-verify compare CONFIG [--json FILE] [--show N]
+//   oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]
 //   oasis-verify help | --help | <subcommand> --help
 // Exit status: 0 everything passed, 1 a check or a comparison failed, 2 usage or input error
 // (unknown option, unreadable or malformed file, missing tensor, invalid configuration).
@@ -41,18 +41,31 @@ const char* kSelfcheckHelp =
     "  --list           list the check ids and exit\n";
 
 const char* kCompareHelp =
-    "usage: oasis-verify compare CONFIG [--json FILE] [--show N]\n"
+    "usage: oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]\n"
     "\n"
-    "Recomputes an op with the oracle in high precision (mp50) from the inputs another\n"
-    "implementation used, and compares that implementation's outputs element by element under the\n"
-    "policy |x - ref| <= 0.5 ulp_D(ref) + 2 B_plain(D) (D: the output's dtype; docs/verify.md).\n"
+    "Recomputes an op with the oracle from the inputs another implementation used, and compares that\n"
+    "implementation's outputs element by element on two lines (docs/verify.md, docs/tolerances.md):\n"
+    "the policy (default: probabilistic; f16/bf16 outputs as accumulated in float32 and stored once)\n"
+    "and the certain worst-case bound |x - ref| <= 0.5 ulp_D(ref) + 2 B_plain(D). A tensor is PASS,\n"
+    "FAIL (outside the policy) or FAIL-certain (outside even the certain bound).\n"
     "CONFIG is a JSON file {\"op\": ..., \"inputs\": ..., \"outputs\": ..., \"options\": {...}} where\n"
     "inputs/outputs are a .safetensors path or an object {\"name\": \"file.npy\"} (paths relative to\n"
     "CONFIG), or a .safetensors file holding inputs and outputs with the JSON in its __metadata__\n"
-    "entry \"oasis_config\". Tensors: .npy (<f2, <f4, <f8; bf16 as <u2 in *.bf16.npy) or safetensors\n"
-    "(F16, BF16, F32, F64).\n"
+    "entry \"oasis_config\". Tensors: .npy (<f2, <f4, <f8; bf16 as <u2 in *.bf16.npy; ids also <i4, <i8)\n"
+    "or safetensors (F16, BF16, F32, F64; ids also I32, I64).\n"
+    "Op model checks every trace tensor against what the configured model computes from the\n"
+    "tensors it reads, names the first wrong step, and gives logits without their producers an\n"
+    "end-to-end verdict. Exit status: 0 all passed, 1 a tensor failed, 2 an input error (also: a\n"
+    "trace that checks nothing, an unknown tensor name, a step whose inputs the trace lacks).\n"
     "  --json FILE      also write the report as JSON\n"
     "  --show N         mismatching elements listed per tensor (default 5)\n"
+    "  --policy P       probabilistic (default) | p16 (f16/bf16 kernels that also round P, or the depth\n"
+    "                   weights, to 16 bits before the mixing: FlashAttention, torch SDPA) | worst_case\n"
+    "  --oracle O       fast (default: double, vectorised, parallel, its own error bound folded in;\n"
+    "                   rows it cannot decide recomputed in mp50) | mp50 (everything in 50 digits)\n"
+    "  --sample N       check N rows drawn at random (attention: (b, h, t); depth, coupling: tokens;\n"
+    "                   normalizer: rows of z); unchecked rows can hide errors (default 0: all rows)\n"
+    "  --seed S         seed of --sample (default 20261129)\n"
     "\nOps, tensor names and options:\n";
 
 int usage_error(const std::string& msg, const char* help) {
@@ -143,6 +156,25 @@ int cmd_compare(const std::vector<std::string>& args) {
     } else if (a == "--show") {
       if (i + 1 >= args.size() || !parse_int(args[i + 1], 0, 1000000, &n)) return usage_error("--show needs an integer >= 0", help.c_str());
       opt.show = static_cast<int>(n);
+      ++i;
+    } else if (a == "--sample") {
+      if (i + 1 >= args.size() || !parse_int(args[i + 1], 1, 9223372036854775807LL, &n))
+        return usage_error("--sample needs an integer >= 1 (rows to check)", help.c_str());
+      opt.sample = static_cast<oasis::index_t>(n);
+      ++i;
+    } else if (a == "--seed") {
+      if (i + 1 >= args.size() || !parse_int(args[i + 1], 0, 9223372036854775807LL, &n))
+        return usage_error("--seed needs a non-negative integer", help.c_str());
+      opt.seed = static_cast<std::uint64_t>(n);
+      ++i;
+    } else if (a == "--policy" || a == "--oracle") {
+      if (i + 1 >= args.size()) return usage_error(a + " needs a value", help.c_str());
+      try {
+        if (a == "--policy") opt.policy = oasis::verify::parse_policy(args[i + 1]);
+        else opt.oracle = oasis::verify::parse_oracle(args[i + 1]);
+      } catch (const std::exception& e) {
+        return usage_error(e.what(), help.c_str());
+      }
       ++i;
     } else if (!a.empty() && a[0] == '-') {
       return usage_error("compare: unknown option '" + a + "'", help.c_str());

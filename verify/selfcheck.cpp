@@ -13,7 +13,7 @@
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
 #include "oasis/oasis.hpp"
-#include "oasis/verify/policy.hpp"
+#include "oasis/verify/compare.hpp"
 
 #include "check.hpp"
 
@@ -25,8 +25,8 @@ const char* kParityRef = "SPEC §2-4, tolerance policy (docs/verify.md)";
 
 // ---------------------------------------------------------------------------------------------
 // parity: every available backend (float) against the mp50 oracle on the same float inputs, under
-// the compare engine's policy with D = f32 (oasis/verify/policy.hpp), B the derived bound of the
-// plain float reference.
+// the compare engine's worst-case policy with D = f32 (verify::compare_tensor, oasis/verify/compare.hpp),
+// B the derived bound of the plain float reference.
 
 struct AttentionCase {
   std::string id;
@@ -148,7 +148,7 @@ SelfcheckRow depth_parity(const DepthCase& c, Backend b, int instances, std::uin
                       for (index_t j = 0; j < psi.size(); ++j) psi[j] = static_cast<float>(ud(rng));
                       const DepthRoute<mp50> ref =
                           attn_res_route(src.cast<mp50>(), g_old.cast<mp50>(), psi.cast<mp50>(), c.kinds, c.opt);
-                      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, g_old, psi, c.kinds, c.opt, ref);
+                      const bounds::DepthRouteBounds bd = bounds::depth_route_bounds(src, psi, c.kinds, c.opt, ref);
                       const DepthRoute<float> got = attn_res_route(b, src, g_old, psi, c.kinds, c.opt);
                       check_output(row, "h", got.h, ref.h, bd.h);
                       check_output(row, "alpha", got.alpha, ref.alpha, bd.alpha);

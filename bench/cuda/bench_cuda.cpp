@@ -5,6 +5,7 @@
 //   BM_Ceiling_GemmBf16                     cuBLAS cublasGemmEx, bf16 in/out, fp32 accumulation, 8192^3
 //   BM_FusedAttention/dtype/d_h/T/causal    the fused float32 kernel: B = 4, H = 32, H_kv = 8, Tq = Tk = T
 //   BM_TensorCoreAttention/dtype/d_h/T      the tensor-core kernel, same shapes, causal (f16, bf16)
+//   BM_WindowedAttention/d_h/T              the fused kernel (bf16, causal) with a sliding window of 128
 //   BM_Decode/kernel/d_h                    one new token over Tk = 8192 cached keys, B = 16, H = 32,
 //                                           H_kv = 8, f16: the fused kernel (0) and split-K (1)
 //   BM_DepthRoute/n/N                       Full AttnRes routing of N tokens over n sources, d = 2048
@@ -193,11 +194,12 @@ Slice slice(const Buffer& q, const Buffer& k, const Buffer& v, index_t H, index_
 /// The kernel parity rule on rows of one (b, h): the device's out / lse / p_null rows against the
 /// long double oracle and the plain float reference on the slice, with the P-rounding term for
 /// the tensor-core kernel. Returns "" when it holds.
-std::string check_rows(const Slice& s, bool causal, const float* out, const float* lse, const float* pn, index_t dh,
-                       bool tensor_cores, DType dtype) {
+std::string check_rows(const Slice& s, bool causal, index_t window, const float* out, const float* lse, const float* pn,
+                       index_t dh, bool tensor_cores, DType dtype) {
   using L = long double;
   oasis::AttentionOptions opt;
   opt.causal = causal;
+  opt.window = window;
   const oasis::AttentionResult<float> ref = oasis::token_attention(s.q, s.k, s.v, opt);
   oasis::AttentionOptions hp_opt = opt;
   hp_opt.return_probs = true;
@@ -221,10 +223,11 @@ std::string check_rows(const Slice& s, bool causal, const float* out, const floa
 }
 
 /// Validates a device attention result (out [B, H, Tq, d], lse / p_null [B, H, Tq] on the
-/// device) on two heads: the last 2 query rows (every key) and, when causal, the first 64 rows.
+/// device) on two heads: the last 2 query rows (every key) and, when causal, the first 64 rows
+/// (bottom-right alignment and a window keep each row's keys in these slices).
 void validate(const char* what, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
               const Buffer& lse, const Buffer& pn, index_t B, index_t H, index_t Hkv, index_t Tq, index_t Tk,
-              index_t dh, bool causal, bool tensor_cores, DType dtype) {
+              index_t dh, bool causal, index_t window, bool tensor_cores, DType dtype) {
   for (const auto [b, h] : {std::pair<index_t, index_t>{0, 0}, std::pair<index_t, index_t>{B - 1, H - 1}}) {
     auto check = [&](index_t t0, index_t rows, index_t keys, const char* part) {
       std::vector<float> o(static_cast<std::size_t>(rows * dh)), l(static_cast<std::size_t>(rows)),
@@ -233,8 +236,8 @@ void validate(const char* what, const Buffer& q, const Buffer& k, const Buffer& 
       cudaMemcpy(o.data(), out.f() + row0 * static_cast<std::size_t>(dh), o.size() * sizeof(float), cudaMemcpyDeviceToHost);
       cudaMemcpy(l.data(), lse.f() + row0, l.size() * sizeof(float), cudaMemcpyDeviceToHost);
       cudaMemcpy(p.data(), pn.f() + row0, p.size() * sizeof(float), cudaMemcpyDeviceToHost);
-      const std::string r = check_rows(slice(q, k, v, H, Hkv, Tq, Tk, dh, b, h, t0, rows, keys), causal, o.data(),
-                                       l.data(), p.data(), dh, tensor_cores, dtype);
+      const std::string r = check_rows(slice(q, k, v, H, Hkv, Tq, Tk, dh, b, h, t0, rows, keys), causal, window,
+                                       o.data(), l.data(), p.data(), dh, tensor_cores, dtype);
       if (!r.empty())
         abort_run(std::string(what) + ", batch " + std::to_string(b) + " head " + std::to_string(h) + ", " + part +
                   ":\n" + r);
@@ -255,7 +258,7 @@ void validate(const char* what, const Buffer& q, const Buffer& k, const Buffer& 
 enum class Ceiling { gemm, copy };
 
 void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, index_t Hkv, index_t Tq, index_t Tk,
-                   index_t dh, bool causal, cu::KernelOptions kernel, Ceiling ceiling) {
+                   index_t dh, bool causal, cu::KernelOptions kernel, Ceiling ceiling, index_t window = 0) {
   if (skip_without_device(state)) return;
   Buffer q(static_cast<std::size_t>(B * H * Tq * dh), dtype, 1.0, 1), k(static_cast<std::size_t>(B * Hkv * Tk * dh), dtype, 1.0, 2),
       v(static_cast<std::size_t>(B * Hkv * Tk * dh), dtype, 1.0, 3);
@@ -266,6 +269,7 @@ void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, i
   a.q = q.p; a.k = k.p; a.v = v.p;
   a.shape = oasis::AttentionShape{B, H, Hkv, Tq, Tk, dh, dh};
   a.causal = causal;
+  a.window = window;
   a.out = out.f(); a.lse = lse.f(); a.p_null = pn.f();
   a.kernel = kernel;
   const cu::KernelChoice choice = cu::kernel_choice(a.shape, kernel);
@@ -274,8 +278,9 @@ void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, i
   const std::string what = std::string(cu::to_string(choice.kernel)) + " attention, " +
                            std::string(oasis::io::to_string(dtype)) + ", B=" + std::to_string(B) + " H=" +
                            std::to_string(H) + " H_kv=" + std::to_string(Hkv) + " Tq=" + std::to_string(Tq) +
-                           " Tk=" + std::to_string(Tk) + " d_h=" + std::to_string(dh) + (causal ? " causal" : "");
-  validate(what.c_str(), q, k, v, out, lse, pn, B, H, Hkv, Tq, Tk, dh, causal,
+                           " Tk=" + std::to_string(Tk) + " d_h=" + std::to_string(dh) + (causal ? " causal" : "") +
+                           (window > 0 ? " window=" + std::to_string(window) : "");
+  validate(what.c_str(), q, k, v, out, lse, pn, B, H, Hkv, Tq, Tk, dh, causal, window,
            choice.kernel == cu::AttentionKernel::tensor_cores, dtype);
   Events ev;
   double total = 0;
@@ -284,9 +289,14 @@ void run_attention(benchmark::State& state, DType dtype, index_t B, index_t H, i
     total += t;
     state.SetIterationTime(t);
   }
-  // visible (query, key) pairs: bottom-right causal row t sees min(Tk, t + Tk - Tq + 1) keys
+  // visible (query, key) pairs: bottom-right causal row t sees min(Tk, t + Tk - Tq + 1) keys, at
+  // most W with a window
   double pairs = 0;
-  for (index_t t = 0; t < Tq; ++t) pairs += causal ? static_cast<double>(std::min(Tk, t + Tk - Tq + 1)) : static_cast<double>(Tk);
+  for (index_t t = 0; t < Tq; ++t) {
+    index_t n = causal || window > 0 ? std::min(Tk, t + Tk - Tq + 1) : Tk;
+    if (window > 0) n = std::min(n, window);
+    pairs += static_cast<double>(n);
+  }
   const double flops = 4.0 * static_cast<double>(B * H * dh) * pairs;
   // K and V bytes, read once per kv head (the decode benchmarks' measure)
   const double kv_bytes = 2.0 * static_cast<double>(B * Hkv * Tk * dh) * static_cast<double>(oasis::io::dtype_size(dtype));
@@ -306,6 +316,12 @@ void BM_FusedAttention(benchmark::State& state) {
 void BM_TensorCoreAttention(benchmark::State& state) {
   run_attention(state, kDtypeArg[state.range(0)], 4, 32, 8, state.range(2), state.range(2), state.range(1), true,
                 {cu::AttentionKernel::tensor_cores, 0}, Ceiling::gemm);
+}
+
+// gpt-oss's windowed layers: W = 128; the kernel visits only each query block's band of key tiles
+void BM_WindowedAttention(benchmark::State& state) {
+  run_attention(state, DType::bf16, 4, 32, 8, state.range(1), state.range(1), state.range(0), true,
+                {cu::AttentionKernel::fused, 0}, Ceiling::gemm, 128);
 }
 
 void BM_Decode(benchmark::State& state) {
@@ -374,6 +390,7 @@ BENCHMARK(BM_TensorCoreAttention)
     ->Args({2, 128, 8192})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_WindowedAttention)->ArgNames({"d_h", "T"})->ArgsProduct({{64}, {4096, 8192}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FusedAttention)
     ->ArgNames({"dtype", "d_h", "T", "causal"})
     ->ArgsProduct({{0, 2}, {64, 128}, {4096}, {1}})

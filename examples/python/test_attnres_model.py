@@ -5,7 +5,8 @@ router kimi_full, readout final_attnres, rotate_half RoPE, eps 1e-6) and names i
 the library does, so its state_dict is the weights dict of oasis.check_model. While it runs under
 an oasis.TraceRecorder, oasis.record() calls store every step's tensors under the documented
 trace names (docs/verify.md, "Model level"); outside a recorder they cost nothing. The oracle
-then recomputes each step in high precision from the model's own inputs of that step: a mistake
+then checks every tensor against what the configured model computes from the tensors it reads
+(each step in high precision on the model's own inputs, and each link of the wiring): a mistake
 is reported at the step that makes it.
 
 Run: PYTHONPATH=build/python /usr/bin/python3 -m pytest examples/python/test_attnres_model.py
@@ -193,11 +194,29 @@ def failing(report):
     return sorted(r["name"] for r in report.rows if r["passed"] is False)
 
 
+def first_wrong(report):
+    return report.notes[0].split(": ")[1].split(" ")[0] if report.notes and report.notes[0].startswith("first wrong") else None
+
+
 def test_the_torch_model_passes_every_step(model):
     report = run(model)
     print(report)
     report.assert_ok()
-    assert len(report.rows) == 46  # every step of the trace has a verdict (docs/verify.md)
+    # every tensor of the trace has a verdict: each step on its own inputs, and each link of the
+    # wiring (router candidates, their psi, router logits from the weights, sublayer inputs, readout)
+    assert len(report.rows) == 66
+
+
+def test_the_torch_model_passes_from_its_outputs_or_its_logits_alone(model):
+    """What forward hooks give (sublayer outputs, branch psi, logits), and the logits alone (the
+    end-to-end verdict against replays of the configured model) pass too."""
+    with torch.no_grad(), oasis.TraceRecorder() as rec:
+        model(IDS)
+    minimal = {k: v for k, v in rec.trace.items() if k.endswith((".output", ".branch_psi")) or k == "logits"}
+    oasis.check_model((CONFIG, model.state_dict()), minimal, ids=IDS).assert_ok()
+    e2e = oasis.check_model((CONFIG, model.state_dict()), {"logits": rec.trace["logits"]}, ids=IDS)
+    e2e.assert_ok()
+    assert e2e["logits"]["worst_ratio"] < 0.5
 
 
 def test_psi_as_the_max_over_heads_fails_at_branch_psi_only(model):
@@ -205,13 +224,24 @@ def test_psi_as_the_max_over_heads_fails_at_branch_psi_only(model):
     assert failing(run(model, "psi as the max over heads")) == ["layers.0.attn.branch_psi", "layers.1.attn.branch_psi"]
 
 
-def test_psi_summed_over_heads_is_not_a_probability(model):
-    """A psi outside [0, 1] cannot feed the coupling: the check stops with an input error."""
-    with pytest.raises(oasis.InvalidArgument, match="not a probability"):
-        run(model, "psi summed over heads")
+def test_psi_summed_over_heads_fails_first_at_branch_psi(model):
+    """A psi outside [0, 1] cannot feed the coupling: the routers that read it fail saying so."""
+    report = run(model, "psi summed over heads")
+    assert not report.passed and first_wrong(report) == "layers.0.attn.branch_psi"
+    assert any("not a probability" in r["problem"] for r in report.rows if r["passed"] is False)
 
 
 def test_a_depth_softmax_without_the_null_fails_at_the_routers(model):
-    bad = failing(run(model, "no depth null"))
+    report = run(model, "no depth null")
+    bad = failing(report)
+    assert first_wrong(report) == "layers.0.attn.alpha"
     assert "layers.0.attn.alpha_null" in bad and "final_res.routed" in bad
     assert not any(n.endswith((".g", ".dpsi", ".attn_q", ".mlp_hidden")) for n in bad)
+
+
+@pytest.mark.parametrize("mistake", ["psi as the max over heads", "psi summed over heads", "no depth null"])
+def test_every_mistake_fails_from_the_logits_alone(model, mistake):
+    with torch.no_grad(), oasis.TraceRecorder() as rec:
+        model(IDS, mistake)
+    report = oasis.check_model((CONFIG, model.state_dict()), {"logits": rec.trace["logits"]}, ids=IDS)
+    assert not report.passed and first_wrong(report) == "logits"

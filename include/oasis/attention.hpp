@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "oasis/normalizer.hpp"
+#include "oasis/online_softmax.hpp"
 #include "oasis/tensor.hpp"
 
 namespace oasis {
@@ -154,12 +155,11 @@ struct KeyRange {
   index_t begin = 0, end = 0;
   index_t count() const { return end > begin ? end - begin : 0; }
 };
+/// The rule is oasis/online_softmax.hpp's key_span, which the fused kernels run.
 inline KeyRange visible_range(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t t) {
-  const index_t tp = t + (s.Tk - s.Tq);  // the query's own key position (bottom-right alignment)
-  index_t end = opt.key_lengths.empty() ? s.Tk : opt.key_lengths[static_cast<std::size_t>(b)];
-  if (opt.causal || opt.window > 0) end = std::min(end, tp + 1);
-  const index_t begin = opt.window > 0 ? std::max<index_t>(0, tp - opt.window + 1) : 0;
-  return {begin, std::max(end, begin)};
+  const index_t len = opt.key_lengths.empty() ? s.Tk : opt.key_lengths[static_cast<std::size_t>(b)];
+  const online::KeySpan<index_t> k = online::key_span<index_t>(len, opt.causal, opt.window, t, s.Tq, s.Tk);
+  return {k.begin, k.end};
 }
 
 /// Number of keys visible to query t of batch b without a window (a prefix of the row).

@@ -11,8 +11,9 @@
 //  * the vectorised exponential the kernels use, so its error can be measured.
 //
 // Semantics are those of the reference (oasis/attention.hpp token_attention and oasis/depth.hpp
-// attn_res_route): same validation and messages, same outputs. Token attention is fused and
-// tiled (online normalisation; the null category enters every row's sum exactly once); depth
+// attn_res_route): same validation and messages, same outputs, every option (masks, sliding
+// window, additive bias, both layouts). Token attention is fused and tiled (the online softmax of
+// oasis/online_softmax.hpp: the null category enters every row's sum exactly once); depth
 // routing computes its weights with the reference's own scalar functions and only vectorises the
 // mixing, in the reference's order and arithmetic, so its outputs are bitwise the reference's.
 #pragma once

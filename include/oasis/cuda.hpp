@@ -19,8 +19,10 @@
 //
 // Supported: head sizes d_h, d_v in [1, 128] (kernels are tiled for 64 and 128), both row
 // normalisers (softmax1 with per-head null logits, softmax with MaskedRow::zero or ::error),
-// causal and padding masks, grouped-query attention. Fully masked rows: softmax1 gives out 0,
-// p_null 1, LSE1 = s; plain softmax gives the documented zero (out 0, p_null 0, LSE -inf).
+// causal and padding masks, sliding windows, an additive bias / boolean mask, grouped-query
+// attention, the [B, H, T, d] and [B, T, H, d] layouts. Fully masked rows (no visible key, or
+// every visible key masked by the bias): softmax1 gives out 0, p_null 1, LSE1 = s; plain softmax
+// gives the documented zero (out 0, p_null 0, LSE -inf).
 #pragma once
 
 #include <optional>
@@ -56,7 +58,7 @@ enum class AttentionKernel {
 const char* to_string(AttentionKernel k);
 
 /// The kernel choice of a device call. split_keys and tensor_cores do not implement a sliding
-/// window, an additive bias or the [B, T, H, d] layout and reject them naming the option.
+/// window or an additive bias and reject them naming the option (both take either layout).
 struct KernelOptions {
   AttentionKernel kernel = AttentionKernel::automatic;
   /// split_keys: blocks per group of query rows over the keys, 1..1024; 0: kernel_choice's count.
@@ -90,10 +92,11 @@ Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<flo
                                   const Tensor<float>& gain = {}, const KeyNormOptions& opt = {});
 
 /// Device buffers of one attention call (row-major, contiguous, layouts of oasis/attention.hpp).
-/// The contents of null_logits / key_lengths are trusted (they are on the device).
+/// The contents of null_logits / key_lengths / bias are trusted (they are on the device).
 struct DeviceAttention {
   io::DType dtype = io::DType::f32;  ///< f32, f16 or bf16
-  const void* q = nullptr;  ///< [B, H, Tq, d_h] of dtype
+  AttentionLayout layout = AttentionLayout::bhtd;  ///< of q, k, v and out (shapes below for bhtd)
+  const void* q = nullptr;  ///< [B, H, Tq, d_h] of dtype ([B, Tq, H, d_h] for bthd)
   const void* k = nullptr;  ///< [B, H_kv, Tk, d_h]
   const void* v = nullptr;  ///< [B, H_kv, Tk, d_v]
   AttentionShape shape{};
@@ -101,8 +104,11 @@ struct DeviceAttention {
   const float* null_logits = nullptr;  ///< [H] or null (s = 0)
   bool causal = false;
   const int* key_lengths = nullptr;    ///< [B] in [0, Tk] or null (all Tk)
+  index_t window = 0;                  ///< sliding window W >= 1 (AttentionOptions::window), 0: none
+  const float* bias = nullptr;         ///< additive bias of shape bias_shape (-inf masks), or null
+  Shape bias_shape;                    ///< [Tq, Tk] or [B or 1, H or 1, Tq, Tk] (AttentionOptions::bias)
   std::optional<double> scale;         ///< default 1/sqrt(d_h) in float
-  float* out = nullptr;                ///< [B, H, Tq, d_v]
+  float* out = nullptr;                ///< [B, H, Tq, d_v] ([B, Tq, H, d_v] for bthd)
   float* lse = nullptr;                ///< [B, H, Tq]
   float* p_null = nullptr;             ///< [B, H, Tq]
   CUstream_st* stream = nullptr;

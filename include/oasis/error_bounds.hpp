@@ -14,7 +14,7 @@
 //    |dLSE|      <= sigma + 2u log S + u |LSE|
 //    p_j also gets the underflow floor 2 * denorm_min(T).
 //  token attention:  D_j = scale u (d_h + 2) sum_c |q_c k_jc| + u |z_j| (dot product, scale),
-//    |dA_c| <= sum_j (rel(p_j) p_j + floor) |v_jc| + m u sum_j p_j |v_jc|.
+//    |dA_c| <= sum_j (rel(p_j) p_j + floor) |v_jc| + m u sum_j p_j |v_jc| + underflow_floor.
 //  depth routing: D_i from centring (mean of `count` values), beta = softplus(theta) (6u + u|theta|),
 //    the product and the subtraction, then the normaliser as above, then the mixing as attention.
 //  pseudo-query logits: rel(inv rms) <= (d/2 + 3) u, |dg| <= (rel(inv) + (d + 2) u) sum_c |w_c y_c|.
@@ -47,6 +47,13 @@ struct Precision {
             2.0 * static_cast<double>(std::numeric_limits<T>::denorm_min())};
   }
 };
+
+/// Absolute floor of a mixture sum_{j<m} p_j v_j: the final rounding near zero (p_floor) and,
+/// per product p_j v_j that falls below the normal range, an absolute rounding error of at most
+/// denorm_min / 2 = p_floor / 4 that the relative model does not cover.
+inline double underflow_floor(const Precision& pr, index_t m) {
+  return pr.p_floor * (1.0 + 0.25 * static_cast<double>(m));
+}
 
 /// Bounds of one normalised row.
 struct RowBound {
@@ -161,7 +168,7 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
             err += rb.p[static_cast<std::size_t>(j)] * av;
             mass += p[static_cast<std::size_t>(j)] * av;
           }
-          b.out(bb, h, t, c) = kSecondOrder * (err + static_cast<double>(m) * u * mass) + pr.p_floor;
+          b.out(bb, h, t, c) = kSecondOrder * (err + static_cast<double>(m) * u * mass) + underflow_floor(pr, m);
         }
       }
     }
@@ -245,68 +252,99 @@ struct DepthRouteBounds {
   Tensor<double> h, alpha, alpha_null, g, dpsi;
 };
 
+/// Worst-case bounds of one token's depth weights.
+struct DepthTokenBound {
+  RowBound rb;                   ///< alpha (rb.p), alpha_null, the log-normaliser, rel
+  std::vector<double> g, dpsi;   ///< bounds of the coupled logits and of the centred statistic
+  std::vector<double> g_err;     ///< first-order error of each coupled logit (before the 1.02)
+  double mean_abs = 0;           ///< |mean| of the centring set
+  index_t mean_count = 0;        ///< size of the centring set
+  bool coupled = false;
+};
+
+/// One token: psi[i] (the token's n values), the exact coupled logits g, centred statistic dpsi,
+/// weights alpha and alpha_null. Centring: the mean of mean_count values (gamma) and a
+/// subtraction, |dDpsi_i| <= u (|Dpsi_i| + (c + 1) mean|psi|); the coupled logit g - beta Dpsi:
+/// beta |dDpsi_i| + |Dpsi_i| |dbeta| + u |beta Dpsi_i| + u |g_i| (clamping is 1-Lipschitz); then
+/// the normaliser row.
+inline DepthTokenBound depth_token_bound(const Precision& pr, const BetaBound& beta, const double* psi,
+                                         const std::vector<SourceKind>& kinds, const DepthOptions& opt, const double* g,
+                                         const double* dpsi, const double* alpha, double alpha_null,
+                                         const double* g_old_err = nullptr) {
+  const double u = pr.u;
+  const CouplingOptions& co = opt.coupling_options;
+  const index_t n = static_cast<index_t>(kinds.size());
+  DepthTokenBound t;
+  index_t count = 0;
+  for (SourceKind kd : kinds) count += has_null_evidence(kd, co.headless) ? 1 : 0;
+  t.mean_count = co.centring == Centring::paper_v2 ? count : n;
+  t.coupled = opt.coupling && (co.centring == Centring::authors_code || count >= 2);
+  for (index_t i = 0; i < n; ++i)
+    if (has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless)) t.mean_abs += std::abs(psi[i]);
+  t.mean_abs /= static_cast<double>(std::max<index_t>(t.mean_count, 1));
+  t.g.assign(static_cast<std::size_t>(n), 0.0);
+  t.dpsi = t.g_err = t.g;
+  for (index_t i = 0; i < n; ++i) {
+    double e = g_old_err ? g_old_err[i] : 0.0;  // an error already in g_old (clamping is 1-Lipschitz)
+    if (t.coupled) {
+      const bool in_set =
+          co.centring == Centring::authors_code || has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless);
+      const double dp = dpsi[i];
+      const double dpsi_err = in_set ? u * (std::abs(dp) + (static_cast<double>(t.mean_count) + 1.0) * t.mean_abs) : 0.0;
+      t.dpsi[static_cast<std::size_t>(i)] = kSecondOrder * dpsi_err;
+      e += beta.beta * dpsi_err + std::abs(dp) * beta.err + u * std::abs(beta.beta * dp) + u * std::abs(g[i]);
+    }
+    t.g_err[static_cast<std::size_t>(i)] = e;
+    t.g[static_cast<std::size_t>(i)] = kSecondOrder * e;
+  }
+  // the log-normaliser of the exact logits
+  double mx = opt.normalizer == RowNorm::softmax1 ? 0.0 : -std::numeric_limits<double>::infinity();
+  for (index_t i = 0; i < n; ++i) mx = std::max(mx, g[i]);
+  double S = opt.normalizer == RowNorm::softmax1 ? std::exp(-mx) : 0.0;
+  for (index_t i = 0; i < n; ++i) S += std::exp(g[i] - mx);
+  t.rb = row_bound(pr, opt.normalizer, g, t.g_err.data(), n, 0.0, 0.0, alpha, alpha_null, mx + std::log(S));
+  return t;
+}
+
 /// Bound on |attn_res_route<T>(...) - exact| per element; `ref` is the high-precision result.
 /// `g_old_err` (optional, [n, N]) bounds an error already present in g_old (logits a router
-/// computed in T); null: g_old is exact.
+/// computed in T); null: g_old is exact. The bounds use the exact coupled logits of ref.
 template <class T, class R>
-DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
-                                    const std::vector<SourceKind>& kinds, const DepthOptions& opt,
-                                    const DepthRoute<R>& ref, const Tensor<double>* g_old_err = nullptr) {
+DepthRouteBounds depth_route_bounds(const Tensor<T>& sources, const Tensor<T>& psi, const std::vector<SourceKind>& kinds,
+                                    const DepthOptions& opt, const DepthRoute<R>& ref,
+                                    const Tensor<double>* g_old_err = nullptr) {
   const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
   const Precision pr = Precision::of<T>();
   const double u = pr.u;
-  const CouplingOptions& co = opt.coupling_options;
-  const BetaBound bb = beta_bound(opt, u);
-  const double beta = bb.beta, beta_err = bb.err;
-  index_t count = 0;
-  for (SourceKind kd : kinds) count += has_null_evidence(kd, co.headless) ? 1 : 0;
-  const index_t mean_count = co.centring == Centring::paper_v2 ? count : n;
-  const bool coupled = opt.coupling && (co.centring == Centring::authors_code || count >= 2);
-
+  const BetaBound beta = beta_bound(opt, u);
   DepthRouteBounds b{Tensor<double>({N, d}), Tensor<double>({n, N}), Tensor<double>({N}), Tensor<double>({n, N}),
                      Tensor<double>({n, N})};
-  std::vector<double> g(static_cast<std::size_t>(n)), gerr(g.size()), a(g.size());
+  std::vector<double> ps(static_cast<std::size_t>(n)), g(ps.size()), dp(ps.size()), a(ps.size()), ge(ps.size());
   for (index_t t = 0; t < N; ++t) {
-    double mean_abs = 0;  // |mean| of the centring set (psi >= 0)
-    for (index_t i = 0; i < n; ++i)
-      if (has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless)) mean_abs += std::abs(static_cast<double>(psi(i, t)));
-    mean_abs /= static_cast<double>(std::max<index_t>(mean_count, 1));
     for (index_t i = 0; i < n; ++i) {
-      const double gi = static_cast<double>(ref.g(i, t));
-      g[static_cast<std::size_t>(i)] = gi;
-      double e = g_old_err ? (*g_old_err)(i, t) : 0.0;  // clamping is 1-Lipschitz
-      if (coupled) {
-        const double dp = static_cast<double>(ref.dpsi(i, t));
-        const bool in_set = co.centring == Centring::authors_code ||
-                            has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless);
-        // mean: sum of mean_count terms (gamma) + division; then the subtraction.
-        const double dpsi_err = in_set ? u * (std::abs(dp) + (static_cast<double>(mean_count) + 1.0) * mean_abs) : 0.0;
-        b.dpsi(i, t) = kSecondOrder * dpsi_err;
-        e += beta * dpsi_err + std::abs(dp) * beta_err + u * std::abs(beta * dp) + u * std::abs(gi);
-      }
-      gerr[static_cast<std::size_t>(i)] = e;
-      b.g(i, t) = kSecondOrder * e;
-      a[static_cast<std::size_t>(i)] = static_cast<double>(ref.alpha(i, t));
+      const auto iu = static_cast<std::size_t>(i);
+      ge[iu] = g_old_err ? (*g_old_err)(i, t) : 0.0;
+      ps[iu] = static_cast<double>(psi(i, t));
+      g[iu] = static_cast<double>(ref.g(i, t));
+      dp[iu] = static_cast<double>(ref.dpsi(i, t));
+      a[iu] = static_cast<double>(ref.alpha(i, t));
     }
-    const double lse = [&] {  // exact log-normaliser of the reference weights
-      double mx = opt.normalizer == RowNorm::softmax1 ? 0.0 : -std::numeric_limits<double>::infinity();
-      for (double x : g) mx = std::max(mx, x);
-      double S = opt.normalizer == RowNorm::softmax1 ? std::exp(-mx) : 0.0;
-      for (double x : g) S += std::exp(x - mx);
-      return mx + std::log(S);
-    }();
-    const RowBound rb = row_bound(pr, opt.normalizer, g.data(), gerr.data(), n, 0.0, 0.0, a.data(),
-                                  static_cast<double>(ref.alpha_null[t]), lse);
-    b.alpha_null[t] = rb.p_null;
-    for (index_t i = 0; i < n; ++i) b.alpha(i, t) = rb.p[static_cast<std::size_t>(i)];
+    const DepthTokenBound tb = depth_token_bound(pr, beta, ps.data(), kinds, opt, g.data(), dp.data(), a.data(),
+                                                 static_cast<double>(ref.alpha_null[t]), ge.data());
+    b.alpha_null[t] = tb.rb.p_null;
+    for (index_t i = 0; i < n; ++i) {
+      b.alpha(i, t) = tb.rb.p[static_cast<std::size_t>(i)];
+      b.g(i, t) = tb.g[static_cast<std::size_t>(i)];
+      b.dpsi(i, t) = tb.dpsi[static_cast<std::size_t>(i)];
+    }
     for (index_t c = 0; c < d; ++c) {
       double err = 0, mass = 0;
       for (index_t i = 0; i < n; ++i) {
         const double av = std::abs(static_cast<double>(sources(i, t, c)));
-        err += rb.p[static_cast<std::size_t>(i)] * av;
+        err += tb.rb.p[static_cast<std::size_t>(i)] * av;
         mass += a[static_cast<std::size_t>(i)] * av;
       }
-      b.h(t, c) = kSecondOrder * (err + static_cast<double>(n) * u * mass) + pr.p_floor;
+      b.h(t, c) = kSecondOrder * (err + static_cast<double>(n) * u * mass) + underflow_floor(pr, n);
     }
   }
   return b;

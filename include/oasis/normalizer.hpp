@@ -139,7 +139,7 @@ T entmax15_threshold(const std::vector<T>& y) {
 template <class T>
 RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p, const NormParams& np,
                           MaskedRow policy = MaskedRow::zero, const char* arg = "z") {
-  using std::exp; using std::log;
+  using std::exp;
   OASIS_REQUIRE(m >= 0, "m", "negative row length ", m);
   for (index_t j = 0; j < m; ++j)
     OASIS_REQUIRE(!is_nan(z[j]) && !is_pos_inf(z[j]), arg,
@@ -179,14 +179,26 @@ RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p,
     return {ent ? tau + M / T(2) : tau + M, T(0)};
   }
 
+  // The term attaining M (the null when s = M, else the first such key) is exactly e^0 = 1, so
+  // LSE = M + log1p(rest) with rest the sum of the other terms: M + log(S) would lose the relative
+  // accuracy of a tiny LSE (Softmax1 with every logit far below the null: LSE1 ~ sum e^{z_j}).
+  const index_t top = [&] {
+    if (has_null && !(M > s)) return index_t(-1);
+    for (index_t j = 0; j < m; ++j)
+      if (z[j] == M) return j;
+    return index_t(-1);
+  }();
   T S = has_null ? exp(s - M) : T(0);
+  T rest = has_null && top >= 0 ? S : T(0);
   for (index_t j = 0; j < m; ++j) {
     p[j] = is_neg_inf(z[j]) ? T(0) : exp(z[j] - M);
     S += p[j];
+    if (j != top) rest += p[j];
   }
   const T inv = T(1) / S;
   for (index_t j = 0; j < m; ++j) p[j] *= inv;
-  const T lse = M + log(S);
+  using std::log1p;
+  const T lse = M + log1p(rest);
   if (clipped) {
     // p_j = clip((zeta - gamma) q_j + gamma, 0, 1) on visible keys; masked keys stay 0.
     const T a = T(np.zeta) - T(np.gamma), g = T(np.gamma);

@@ -51,7 +51,6 @@ AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const 
   if (b == Backend::reference) return token_attention(q, k, v, opt);
   require_available(b);
   check_attention_args(q, k, v, opt);
-  require_basic_masking(opt, b == Backend::cpu_fast ? "backend cpu_fast" : "backend cuda");
   return b == Backend::cpu_fast ? detail::cpu_fast_token_attention(q, k, v, opt)
                                 : detail::cuda_token_attention(q, k, v, opt);
 }

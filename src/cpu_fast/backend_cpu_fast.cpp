@@ -1,10 +1,12 @@
 // Fast CPU backend (Backend::cpu_fast, include/oasis/cpu_fast.hpp).
 //
 // Token attention: the fused, tiled, online-normalised kernel of fast_kernels_impl.inc, run by
-// OpenMP over (batch, query head, block of kBq queries), most expensive causal blocks first.
-// Keys are packed once per call into [tile][d_h][kBk] panels (the B operand of the score tile
-// product), values into rows padded to a whole number of vectors when d_v needs it; GQA maps
-// query head h to kv head h / (H / H_kv) exactly as the reference.
+// OpenMP over (batch, query head, block of kQueryTile queries), most expensive causal blocks first.
+// Keys are packed once per call into [tile][d_h][kKeyTile] panels (the B operand of the score tile
+// product), values into rows padded to a whole number of vectors when d_v needs it; q, v and out
+// are otherwise used in place in either layout (strides); the bias is read per tile in double and
+// rounded to float as the reference does; GQA maps query head h to kv head h / (H / H_kv)
+// exactly as the reference.
 // Depth routing: the weights of every token come from the reference's scalar functions
 // (depth_weights: centring, coupling, clamps, normaliser); only the mixing h = sum_i alpha_i s_i,
 // the bandwidth-bound part, is vectorised, in the reference's order and arithmetic.
@@ -27,8 +29,8 @@ namespace oasis {
 namespace {
 
 using fast::Kernels;
-using fast::kBk;
-using fast::kBq;
+using fast::kKeyTile;
+using fast::kQueryTile;
 
 std::vector<const Kernels*> supported_kernels() {
   std::vector<const Kernels*> out;
@@ -63,10 +65,11 @@ const Kernels& active() { return *active_slot().load(std::memory_order_acquire);
 
 constexpr index_t kMixTokens = 4;  // depth mixing: up to 4 tokens per block when 4 d <= 4096
 
-// Workspaces (grow only): the calling thread's packed keys/values and visible-length table, and
-// each OpenMP thread's tile buffers and depth weights.
+// Workspaces (grow only): the calling thread's packed keys/values and visible key ranges, and
+// each OpenMP thread's tile buffers, row states and depth weights.
 thread_local std::vector<float> tl_kt, tl_v, tl_tile, tl_alpha;
-thread_local std::vector<index_t> tl_vis;
+thread_local std::vector<index_t> tl_span;
+thread_local std::vector<online::State> tl_state;
 
 float* grow(std::vector<float>& b, std::size_t n) {
   if (b.size() < n) {
@@ -84,8 +87,14 @@ void ensure_shape(Tensor<float>& t, const Shape& s) {
   t = Tensor<float>(s, std::move(st));
 }
 
-AttentionShape shape_of(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v) {
-  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
+// Element strides of a [B, H, T, d] or [B, T, H, d] tensor in (batch, head, time) order.
+struct Strides {
+  index_t b, h, t;
+};
+Strides strides_of(const Tensor<float>& x, AttentionLayout l) {
+  const index_t d = x.dim(3);
+  if (l == AttentionLayout::bhtd) return {x.dim(1) * x.dim(2) * d, x.dim(2) * d, d};
+  return {x.dim(1) * x.dim(2) * d, d, x.dim(2) * d};
 }
 
 // The errors the reference's normalize_row raises on a row (argument "scores"), reported after the
@@ -100,7 +109,8 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
     for (index_t h = 0; h < s.H; ++h)
       for (index_t t = 0; t < s.Tq; ++t) {
         const float l = lse[(b * s.H + h) * s.Tq + t];
-        OASIS_REQUIRE(!std::isnan(l), "scores", "a score q.k * scale overflowed to NaN or +inf (batch ", b,
+        OASIS_REQUIRE(!std::isnan(l), "scores", "a score q.k * scale", opt.bias.empty() ? "" : " + bias",
+                      " overflowed to NaN or +inf (batch ", b,
                       ", head ", h, ", query ", t, "; the inputs are too large for float32 scores; "
                       "NaN and +inf are not allowed, mask with -inf)");
         if (empty_is_error)
@@ -109,88 +119,115 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
       }
 }
 
-// Arguments already validated (check_attention_args).
+// Arguments already validated (check_attention_args). q, k, v and out are read and written in
+// their layout through strides; only the keys are packed (into the score gemm's B panels, as in
+// either layout) and the values when d_v is not a whole number of vectors.
 void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const AttentionOptions& opt, AttentionResult<float>& r) {
-  const AttentionShape s = shape_of(q, k, v);
   if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) {
     // The fused kernel is an online softmax; the other normalisers of the library (the paper's
     // baselines: clipped softmax, sparse maps) need the whole row, so they run the reference.
     r = token_attention(q, k, v, opt);
     return;
   }
+  AttentionShape s{};
+  index_t kb, vb, vh, vt, kd;
+  detail::bhtd_dims(q, opt.layout, s.B, s.H, s.Tq, s.d_h);
+  detail::bhtd_dims(k, opt.layout, kb, s.H_kv, s.Tk, kd);
+  detail::bhtd_dims(v, opt.layout, vb, vh, vt, s.d_v);
+  const Strides qs = strides_of(q, opt.layout), ks = strides_of(k, opt.layout), vs = strides_of(v, opt.layout);
   const bool has_null = opt.normalizer == RowNorm::softmax1;
 
   const Kernels& K = active();
   const index_t W = K.lanes;
   const index_t group = s.H / s.H_kv;
-  const index_t nt = (s.Tk + kBk - 1) / kBk;
+  const index_t nt = (s.Tk + kKeyTile - 1) / kKeyTile;
   const index_t ldv = (s.d_v + W - 1) / W * W;
   const bool pack_v = ldv != s.d_v;
   const index_t BHkv = s.B * s.H_kv;
   const float scale = opt.scale ? static_cast<float>(*opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
 
-  ensure_shape(r.out, {s.B, s.H, s.Tq, s.d_v});
+  const Shape out_shape = opt.layout == AttentionLayout::bhtd ? Shape{s.B, s.H, s.Tq, s.d_v}
+                                                              : Shape{s.B, s.Tq, s.H, s.d_v};
+  ensure_shape(r.out, out_shape);
   ensure_shape(r.lse, {s.B, s.H, s.Tq});
   ensure_shape(r.p_null, {s.B, s.H, s.Tq});
   if (opt.return_probs) ensure_shape(r.probs, {s.B, s.H, s.Tq, s.Tk});
   else r.probs = Tensor<float>();
+  const Strides os = strides_of(r.out, opt.layout);
 
-  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kBk));
+  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
   float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
-  if (tl_vis.size() < static_cast<std::size_t>(s.B * s.Tq)) tl_vis.resize(static_cast<std::size_t>(s.B * s.Tq));
-  index_t* vis = tl_vis.data();
+  if (tl_span.size() < static_cast<std::size_t>(2 * s.B * s.Tq)) tl_span.resize(static_cast<std::size_t>(2 * s.B * s.Tq));
+  index_t* kbegin = tl_span.data();
+  index_t* kend = kbegin + s.B * s.Tq;
   for (index_t b = 0; b < s.B; ++b)
-    for (index_t t = 0; t < s.Tq; ++t) vis[b * s.Tq + t] = visible_keys(s, opt, b, t);
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const KeyRange kr = visible_range(s, opt, b, t);
+      kbegin[b * s.Tq + t] = kr.begin;
+      kend[b * s.Tq + t] = kr.end;
+    }
 
-  const float* kd = k.data();
+  const float* kd_ = k.data();
   const float* vd = v.data();
 #pragma omp parallel for collapse(2) schedule(static)
   for (index_t bh = 0; bh < BHkv; ++bh)
     for (index_t tile = 0; tile < nt; ++tile) {
-      float* dst = kt + (bh * nt + tile) * s.d_h * kBk;
-      for (index_t jj = 0; jj < kBk; ++jj) {
-        const index_t j = tile * kBk + jj;
-        const float* src = kd + (bh * s.Tk + j) * s.d_h;
-        for (index_t c = 0; c < s.d_h; ++c) dst[c * kBk + jj] = j < s.Tk ? src[c] : 0.0f;
+      const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
+      float* dst = kt + (bh * nt + tile) * s.d_h * kKeyTile;
+      for (index_t jj = 0; jj < kKeyTile; ++jj) {
+        const index_t j = tile * kKeyTile + jj;
+        const float* src = kd_ + b * ks.b + hk * ks.h + j * ks.t;
+        for (index_t c = 0; c < s.d_h; ++c) dst[c * kKeyTile + jj] = j < s.Tk ? src[c] : 0.0f;
       }
       if (pack_v)
-        for (index_t j = tile * kBk; j < std::min(s.Tk, (tile + 1) * kBk); ++j) {
-          const float* src = vd + (bh * s.Tk + j) * s.d_v;
+        for (index_t j = tile * kKeyTile; j < std::min(s.Tk, (tile + 1) * kKeyTile); ++j) {
+          const float* src = vd + b * vs.b + hk * vs.h + j * vs.t;
           float* row = vp + (bh * s.Tk + j) * ldv;
           for (index_t c = 0; c < ldv; ++c) row[c] = c < s.d_v ? src[c] : 0.0f;
         }
     }
 
-  const index_t nqb = (s.Tq + kBq - 1) / kBq;
+  const Tensor<double>& bias = opt.bias;
+  const index_t nqb = (s.Tq + kQueryTile - 1) / kQueryTile;
   const index_t tasks = s.B * s.H * nqb;
 #pragma omp parallel
   {
-    float* w = grow(tl_tile, static_cast<std::size_t>(kBq * kBk + kBq * ldv + 2 * kBq));
+    float* w = grow(tl_tile, static_cast<std::size_t>(kQueryTile * kKeyTile + kQueryTile * ldv));
+    if (tl_state.size() < static_cast<std::size_t>(kQueryTile)) tl_state.resize(static_cast<std::size_t>(kQueryTile));
 #pragma omp for schedule(dynamic, 1)
     for (index_t task = 0; task < tasks; ++task) {
       const index_t qb = nqb - 1 - task % nqb;  // causal: the longest rows first
       const index_t bhq = task / nqb;
       const index_t b = bhq / s.H, h = bhq % s.H, hk = h / group;
-      const index_t t0 = qb * kBq;
+      const index_t t0 = qb * kQueryTile;
       fast::AttnBlock a{};
-      a.rows = std::min(kBq, s.Tq - t0);
+      a.rows = std::min(kQueryTile, s.Tq - t0);
       a.d_h = s.d_h;
-      a.q = q.data() + ((b * s.H + h) * s.Tq + t0) * s.d_h;
-      a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kBk;
-      a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + (b * s.H_kv + hk) * s.Tk * s.d_v;
+      a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
+      a.ldq = qs.t;
+      a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kKeyTile;
+      a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
+      a.ldv_in = pack_v ? ldv : vs.t;
       a.ldv = ldv;
       a.d_v = s.d_v;
-      a.vis = vis + b * s.Tq + t0;
+      a.kbegin = kbegin + b * s.Tq + t0;
+      a.kend = kend + b * s.Tq + t0;
+      if (!bias.empty()) {
+        const index_t bb = bias.rank() == 2 || bias.dim(0) == 1 ? 0 : b;
+        const index_t bhh = bias.rank() == 2 || bias.dim(1) == 1 ? 0 : h;
+        a.bias = bias.data() + ((bb * (bias.rank() == 2 ? 1 : bias.dim(1)) + bhh) * s.Tq + t0) * s.Tk;
+        a.ldb = s.Tk;
+      }
       a.scale = scale;
       a.null_logit = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
       a.has_null = has_null;
       a.s_ws = w;
-      a.o_ws = w + kBq * kBk;
-      a.m_ws = a.o_ws + kBq * ldv;
-      a.l_ws = a.m_ws + kBq;
+      a.o_ws = w + kQueryTile * kKeyTile;
+      a.st_ws = tl_state.data();
+      a.out = r.out.data() + b * os.b + h * os.h + t0 * os.t;
+      a.ldo = os.t;
       const index_t row0 = (b * s.H + h) * s.Tq + t0;
-      a.out = r.out.data() + row0 * s.d_v;
       a.lse = r.lse.data() + row0;
       a.p_null = r.p_null.data() + row0;
       a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
@@ -292,10 +329,11 @@ void release_workspaces() {
   auto drop = [](auto& v) { std::decay_t<decltype(v)>().swap(v); };
   drop(tl_kt);
   drop(tl_v);
-  drop(tl_vis);
+  drop(tl_span);
 #pragma omp parallel
   {
     drop(tl_tile);
+    drop(tl_state);
     drop(tl_alpha);
   }
 }

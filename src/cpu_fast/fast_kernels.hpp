@@ -11,31 +11,37 @@
 
 #include <cstdint>
 
+#include "oasis/online_softmax.hpp"
+
 namespace oasis::fast {
 
 using idx = std::int64_t;
 
-inline constexpr idx kBk = 64;  ///< keys per tile (columns of a score tile)
-inline constexpr idx kBq = 64;  ///< query rows per task
+inline constexpr idx kKeyTile = 64;    ///< keys per tile (columns of a score tile)
+inline constexpr idx kQueryTile = 64;  ///< query rows per task
 
 /// One task of the fused attention: `rows` consecutive queries of one (batch, query head).
+/// Strides are in floats, so both layouts ([B, H, T, d] and [B, T, H, d]) are read in place.
 struct AttnBlock {
-  const float* q;     ///< first query row; rows are d_h apart
-  idx rows, d_h;
-  const float* kt;    ///< packed key tiles of the kv head: tile t at kt + t*d_h*kBk, layout [d_h][kBk]
-  const float* v;     ///< values [Tk][ldv] (columns >= d_v are zero padding)
-  idx ldv, d_v;
-  const idx* vis;     ///< visible key count of each row (non-decreasing in the row)
+  const float* q;        ///< first query row; rows are ldq apart
+  idx ldq, rows, d_h;
+  const float* kt;       ///< packed key tiles of the kv head: tile t at kt + t*d_h*kKeyTile, layout [d_h][kKeyTile]
+  const float* v;        ///< values: key j's row at v + j*ldv_in, read ldv wide (the input in place
+  idx ldv_in, ldv, d_v;  ///< when d_v = ldv, else a copy padded with zeros); ldv: d_v in whole vectors
+  const idx* kbegin;     ///< visible keys of row i: [kbegin[i], kend[i]) (both non-decreasing in i;
+  const idx* kend;       ///< oasis::online::key_span); a bias may mask more with -inf
+  const double* bias;    ///< additive bias of row i, key j at bias[i*ldb + j], or null
+  idx ldb;
   float scale, null_logit;
-  bool has_null;      ///< softmax1 (null category of logit null_logit) or plain softmax
-  float* s_ws;        ///< workspace rows x kBk (scores, then probabilities of one tile)
-  float* o_ws;        ///< workspace rows x ldv (unnormalised output)
-  float* m_ws;        ///< workspace rows (running maximum)
-  float* l_ws;        ///< workspace rows (running sum, in units of e^{-max})
-  float* out;         ///< rows x d_v
-  float* lse;         ///< rows
-  float* p_null;      ///< rows
-  float* probs;       ///< rows x ldp, or null
+  bool has_null;         ///< softmax1 (null category of logit null_logit) or plain softmax
+  float* s_ws;           ///< workspace rows x kKeyTile (scores, then probabilities of one tile)
+  float* o_ws;           ///< workspace rows x ldv (unnormalised output)
+  online::State* st_ws;  ///< workspace rows (the online state (M, S) of each row)
+  float* out;            ///< rows ldo apart, d_v each
+  idx ldo;
+  float* lse;            ///< rows
+  float* p_null;         ///< rows
+  float* probs;          ///< rows x ldp, or null
   idx ldp;
 };
 
@@ -44,10 +50,10 @@ struct Kernels {
   int lanes;
   /// y_i = e^{x_i} (vectorised polynomial exp; see docs/benchmarks.md for its error).
   void (*exp)(const float* x, float* y, idx n);
-  /// The fused online-normalised attention of one block. A row with a visible score (scale * q.k,
-  /// as the kernel computes it) that is NaN or +inf is written as NaN (out, lse, p_null) and the
-  /// block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A visible
-  /// -inf score is a masked key, as in the reference.
+  /// The fused online-normalised attention of one block. A row with a visible score (scale * q.k
+  /// + bias, as the kernel computes it) that is NaN or +inf is written as NaN (out, lse, p_null)
+  /// and the block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A
+  /// visible -inf score is a masked key, as in the reference.
   void (*attention_block)(const AttnBlock& a);
   /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
   /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the

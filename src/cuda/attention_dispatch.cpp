@@ -59,21 +59,19 @@ int heuristic_splits(const AttentionShape& s) {
 
 }  // namespace
 
-KernelChoice resolve_kernel(const AttentionShape& s, io::DType type, const AttentionOptions& opt,
-                            const KernelOptions& k) {
+KernelChoice resolve_kernel(const AttentionShape& s, io::DType type, const MaskFeatures& f, const KernelOptions& k) {
   OASIS_REQUIRE(k.key_splits >= 0 && k.key_splits <= kMaxKeySplits, "key_splits", "must be in [0, ", kMaxKeySplits,
                 "] (0: the heuristic's count), got ", k.key_splits);
   OASIS_REQUIRE(k.key_splits == 0 || k.kernel == AttentionKernel::split_keys, "key_splits",
                 "is set (", k.key_splits, ") but the kernel is ", to_string(k.kernel), ", not split_keys");
   OASIS_REQUIRE(k.kernel != AttentionKernel::tensor_cores || type == io::DType::f16 || type == io::DType::bf16,
                 "kernel", "tensor_cores takes float16 or bfloat16 inputs, got ", io::to_string(type));
-  const bool plain = opt.window == 0 && opt.bias.empty() && opt.layout == AttentionLayout::bhtd;
+  // Both layouts are strides of the launch, which every kernel addresses by.
+  const bool plain = f.window == 0 && !f.bias;
   if (k.kernel == AttentionKernel::split_keys || k.kernel == AttentionKernel::tensor_cores) {
     const char* name = to_string(k.kernel);
-    OASIS_REQUIRE(opt.window == 0, "window", "the ", name, " kernel does not implement a sliding window");
-    OASIS_REQUIRE(opt.bias.empty(), "bias", "the ", name, " kernel does not implement an additive bias");
-    OASIS_REQUIRE(opt.layout == AttentionLayout::bhtd, "layout", "the ", name,
-                  " kernel takes the [B, H, T, d] layout only");
+    OASIS_REQUIRE(f.window == 0, "window", "the ", name, " kernel does not implement a sliding window");
+    OASIS_REQUIRE(!f.bias, "bias", "the ", name, " kernel does not implement an additive bias");
   }
   KernelOptions resolved = k;
   if (k.kernel == AttentionKernel::automatic) resolved.kernel = plain ? kernel_choice(s).kernel : AttentionKernel::fused;

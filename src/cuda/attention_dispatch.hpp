@@ -10,10 +10,17 @@
 
 namespace oasis::cuda::detail {
 
+/// What a call asks of the masks beyond padding and causality (split_keys and tensor_cores
+/// implement neither).
+struct MaskFeatures {
+  index_t window = 0;
+  bool bias = false;
+};
+inline MaskFeatures features_of(const AttentionOptions& o) { return {o.window, !o.bias.empty()}; }
+
 /// Validates a kernel choice for a call (invalid_argument naming "kernel", "key_splits", or the
-/// option a kernel does not implement: "window", "bias", "layout") and resolves `automatic`.
-KernelChoice resolve_kernel(const AttentionShape& s, io::DType type, const AttentionOptions& opt,
-                            const KernelOptions& k);
+/// option a kernel does not implement: "window", "bias") and resolves `automatic`.
+KernelChoice resolve_kernel(const AttentionShape& s, io::DType type, const MaskFeatures& f, const KernelOptions& k);
 
 /// The split launch of `splits` blocks per row group: keys_per_warp covers Tk, workspace
 /// pointers left null.

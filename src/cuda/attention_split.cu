@@ -1,7 +1,7 @@
 // src/cuda/attention_split.cu — split-K attention (flash-decoding) for few query rows per kv head:
 // the keys of each row are split across blocks and warps, each computes a partial online-softmax
 // state, and a second kernel merges them with the null category added exactly once
-// (online_merge.hpp; launch.hpp, SplitLaunch).
+// (oasis/online_softmax.hpp, merge; launch.hpp, SplitLaunch).
 //
 // Partial kernel: grid (splits * row_groups, H_kv, B), 4 warps per block. A row group is up to
 // kSplitRows = 4 query rows that read one kv head (query head g of the group and query t:
@@ -10,7 +10,7 @@
 // holds columns [l R, l R + R) (R = D / 32) of the chunk's 8 keys and values, forms its 4 x 8
 // partial dot products, and one reduce-scatter of the 32 values (31 shuffles) leaves at lane l
 // the score of row l / 8 with key l % 8 — the 8 lanes of a row then run the online softmax of
-// online_softmax.hpp on the chunk (a tile of 8 keys), and the outputs o[r][c] are accumulated
+// oasis/online_softmax.hpp on the chunk (a tile of 8 keys), and the outputs o[r][c] are accumulated
 // per lane with the weights broadcast by shuffles. The warps then leave their states (M_p, S_p,
 // o_p) in shared memory and warp w merges the four states of row w in key order into the split's
 // partial, which it writes, empty states (M = -inf, S = 0, o = 0) included, so the workspace is
@@ -21,8 +21,8 @@
 // rule's score term (any order, at most d_h roundings: docs/tolerances.md, "CUDA split-K").
 //
 // Combine kernel: one warp per row (b, h, t); lane owns columns c = lane + 32 i. It starts from
-// online_start(softmax1, s), merges the splits' partials in key order and finishes exactly as
-// the fused kernel (online_finish), writing out, lse, p_null and, when requested, row_max /
+// online::start(softmax1, s), merges the splits' partials in key order and finishes exactly as
+// the fused kernel (online::finish), writing out, lse, p_null and, when requested, row_max /
 // row_sum for the probability kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,7 +33,7 @@
 #include "device_load.hpp"
 #include "kernel_launch.hpp"
 #include "launch.hpp"
-#include "online_merge.hpp"
+#include "oasis/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
     const int row = r0 + r;
     if (row < rows) {
       const int h = hk * G + row / a.Tq, t = row % a.Tq;
-      nvis[r] = row_visible_keys(len, a.causal, t, a.Tq, a.Tk);
+      nvis[r] = online::key_span<int>(len, a.causal, 0, t, a.Tq, a.Tk).end;
       out_row[r] = (static_cast<long long>(b) * a.H + h) * a.Tq + t;
     } else {
       nvis[r] = 0;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
   for (int r = 0; r < NR; ++r)
     if (r == my_row) my_nvis = nvis[r];
   const int my_end = min(end, my_nvis);  // visible keys of this lane's row inside the range
-  OnlineRow st = online_start(false, 0.0f);  // a partial: no null category
+  online::State st = online::start(false, 0.0f);  // a partial: no null category
   float o[NR][R];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
       if (a.bad_score) *a.bad_score = 1;
       z = -INFINITY;
     }
-    const float corr = online_rescale(st, row_max(z));
-    const float p = online_weight(z, st.m);
+    const float corr = online::rescale(st, row_max(z));
+    const float p = online::weight(z, st.m);
     st.l += row_sum(p);
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
@@ -215,15 +215,15 @@ __global__ void __launch_bounds__(kThreads, 4) split_partial_kernel(const Attent
   for (int rr = 0; rr < NR; ++rr)
     if (rr == r) row_out = out_row[rr];
   if (row_out < 0) return;  // a row beyond the group: the whole warp leaves (no collective follows)
-  OnlineRow m = online_start(false, 0.0f);
+  online::State m = online::start(false, 0.0f);
   float om[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) om[i] = 0.0f;
 #pragma unroll
   for (int w = 0; w < kSplitWarps; ++w) {
-    const MergeFactors f = online_merge(m, OnlineRow{Ms[w][r], Ls[w][r]});
+    const online::MergeFactors f = online::merge(m, online::State{Ms[w][r], Ls[w][r]});
 #pragma unroll
-    for (int i = 0; i < R; ++i) om[i] = merge_output(om[i], Os[w][r][lane * R + i], f);
+    for (int i = 0; i < R; ++i) om[i] = online::merge_output(om[i], Os[w][r][lane * R + i], f);
   }
   const long long slot = row_out * s.splits + split;
   if (lane == 0) {
@@ -246,21 +246,21 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const Attention
   const int h = static_cast<int>(row / a.Tq % a.H);
   const int P = s.splits;
   const float s_null = a.softmax1 ? (a.null_logits ? a.null_logits[h] : 0.0f) : -INFINITY;
-  OnlineRow st = online_start(a.softmax1, s_null);  // the null category, added exactly once
+  online::State st = online::start(a.softmax1, s_null);  // the null category, added exactly once
   float o[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) o[i] = 0.0f;
   for (int p = 0; p < P; ++p) {
     const long long slot = row * P + p;
-    const MergeFactors f = online_merge(st, OnlineRow{s.part_m[slot], s.part_l[slot]});
+    const online::MergeFactors f = online::merge(st, online::State{s.part_m[slot], s.part_l[slot]});
     const float* po = s.part_o + slot * a.d_v;
 #pragma unroll
     for (int i = 0; i < C; ++i) {
       const int c = lane + 32 * i;
-      if (c < a.d_v) o[i] = merge_output(o[i], po[c], f);
+      if (c < a.d_v) o[i] = online::merge_output(o[i], po[c], f);
     }
   }
-  const RowFinish fin = online_finish(st, a.softmax1, s_null);
+  const online::Finish fin = online::finish(st, a.softmax1, s_null);
   const long long b = row / (static_cast<long long>(a.H) * a.Tq), t = row % a.Tq;
   float* out = a.out + b * a.o_sb + h * a.o_sh + t * a.o_st;
 #pragma unroll

@@ -10,7 +10,7 @@
 // to its last query in tiles of BK (64 for head tiles of 64, 32 for 128: static shared memory
 // stays under 48 KB) through shared memory in the input type. Per tile each warp
 //   1. S = Q K^T into accumulators, stored to its score rows in shared memory;
-//   2. runs the online softmax of online_softmax.hpp on its 16 rows (lane = row l % 16, half of
+//   2. runs the online softmax of oasis/online_softmax.hpp on its 16 rows (lane = row l % 16, half of
 //      the tile l / 16): z = scale * S, masked keys -inf, M' = max(M, tile max),
 //      c = e^{M - M'}, p = e^{z - M'}, S = S c + sum p; writes P rounded to the input type and c;
 //   3. rescales its output accumulators row by row: a fragment's element layout is opaque, so
@@ -18,7 +18,7 @@
 //      (load and store are inverse and mma_sync's result is what store writes, so the table's
 //      fragment names the rows of every accumulator of the same type);
 //   4. O += P V.
-// At the end each row finishes as the fused kernel (online_finish: out = o / S, LSE1, p_null),
+// At the end each row finishes as the fused kernel (online::finish: out = o / S, LSE1, p_null),
 // the outputs going through shared memory to the row-major output. The null category is the
 // start state (M, S) = (s, 1): folded in once per row, as in attention.cu. Query blocks run in
 // reverse order so that, under a causal mask, the longest rows start first.
@@ -32,7 +32,7 @@
 #include "device_load.hpp"
 #include "kernel_launch.hpp"
 #include "launch.hpp"
-#include "online_softmax.hpp"
+#include "oasis/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {
@@ -120,12 +120,12 @@ __global__ void __launch_bounds__(kThreads) attention_tc_kernel(const AttentionL
   const int r = lane % kRows, half = lane / kRows;  // this lane's row and half of each tile
   const int t = q0 + warp * kRows + r;
   const int len = a.key_lengths ? a.key_lengths[b] : a.Tk;
-  const int nvis = t < a.Tq ? row_visible_keys(len, a.causal, t, a.Tq, a.Tk) : 0;
+  const int nvis = t < a.Tq ? online::key_span<int>(len, a.causal, 0, t, a.Tq, a.Tk).end : 0;
   const int t_block = min(q0 + kBlockQ, a.Tq) - 1, t_warp = min(q0 + warp * kRows + kRows, a.Tq) - 1;
-  const int kmax = row_visible_keys(len, a.causal, t_block, a.Tq, a.Tk);  // grows with t
-  const int kwarp = t_warp >= q0 + warp * kRows ? row_visible_keys(len, a.causal, t_warp, a.Tq, a.Tk) : 0;
+  const int kmax = online::key_span<int>(len, a.causal, 0, t_block, a.Tq, a.Tk).end;  // grows with t
+  const int kwarp = t_warp >= q0 + warp * kRows ? online::key_span<int>(len, a.causal, 0, t_warp, a.Tq, a.Tk).end : 0;
   const float s_null = a.softmax1 ? (a.null_logits ? a.null_logits[h] : 0.0f) : -INFINITY;
-  OnlineRow st = online_start(a.softmax1, s_null);  // the null category, folded in once per row
+  online::State st = online::start(a.softmax1, s_null);  // the null category, folded in once per row
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[DF];
 #pragma unroll
@@ -173,14 +173,14 @@ __global__ void __launch_bounds__(kThreads) attention_tc_kernel(const AttentionL
         }
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(kFull, tile_max, 16));
-      const float corr = online_rescale(st, tile_max);
+      const float corr = online::rescale(st, tile_max);
       float psum = 0.0f;
 #pragma unroll
       for (int i = 0; i < HALF; i += 4) {
         Run<In, 4> pr;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          const float p = online_weight(z[i + u], st.m);
+          const float p = online::weight(z[i + u], st.m);
           psum += p;
           pr.e[u] = round_to_input<In>(p);  // P in the input type for P V; S sums the float p
         }
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_kernel(const AttentionL
     __syncthreads();  // the next tile overwrites Ks, Vs
   }
 
-  const RowFinish fin = online_finish(st, a.softmax1, s_null);
+  const online::Finish fin = online::finish(st, a.softmax1, s_null);
   if (half == 0) row_factor[warp][r] = fin.inv;
   __syncwarp();
   float* out = a.out + b * a.o_sb + h * a.o_sh;

@@ -4,6 +4,7 @@
 // routing entry points are in route.cpp, the sublayer in layer.cpp).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention_dispatch.hpp"
@@ -98,8 +99,8 @@ void check_masked_rows(const AttentionShape& s, const AttentionOptions& opt) {
   if (opt.normalizer != RowNorm::softmax || opt.masked_row != MaskedRow::error) return;
   for (index_t b = 0; b < s.B; ++b)
     for (index_t t = 0; t < s.Tq; ++t)
-      OASIS_REQUIRE(visible_keys(s, opt, b, t) > 0, "scores", "plain softmax on a fully masked row (batch ", b,
-                    ", query ", t, ", no visible key) and MaskedRow::error was requested");
+      OASIS_REQUIRE(visible_range(s, opt, b, t).count() > 0, "scores", "plain softmax on a fully masked row (batch ",
+                    b, ", query ", t, ", no visible key) and MaskedRow::error was requested");
 }
 
 float attention_scale(const AttentionShape& s, const std::optional<double>& scale) {
@@ -107,7 +108,9 @@ float attention_scale(const AttentionShape& s, const std::optional<double>& scal
   return scale ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
 }
 
-AttentionLaunch contiguous_launch(io::DType type, const void* q, const void* k, const void* v, const AttentionShape& s) {
+/// A launch on contiguous q, k, v and out in `layout` ([B, H, T, d] or [B, T, H, d]), by strides.
+AttentionLaunch layout_launch(io::DType type, const void* q, const void* k, const void* v, const AttentionShape& s,
+                              AttentionLayout layout) {
   AttentionLaunch a;
   a.in_type = type;
   a.q = q;
@@ -120,11 +123,26 @@ AttentionLaunch contiguous_launch(io::DType type, const void* q, const void* k, 
   a.Tk = static_cast<int>(s.Tk);
   a.d_h = static_cast<int>(s.d_h);
   a.d_v = static_cast<int>(s.d_v);
-  a.q_st = s.d_h; a.q_sh = s.Tq * s.d_h; a.q_sb = s.H * s.Tq * s.d_h;
-  a.k_st = s.d_h; a.k_sh = s.Tk * s.d_h; a.k_sb = s.H_kv * s.Tk * s.d_h;
-  a.v_st = s.d_v; a.v_sh = s.Tk * s.d_v; a.v_sb = s.H_kv * s.Tk * s.d_v;
-  a.o_st = s.d_v; a.o_sh = s.Tq * s.d_v; a.o_sb = s.H * s.Tq * s.d_v;
+  const bool bthd = layout == AttentionLayout::bthd;
+  // (batch, head, time) strides of a tensor with `heads` heads, T positions and rows of d
+  auto set = [bthd](long long& sb, long long& sh, long long& st, index_t heads, index_t T, index_t d) {
+    sb = heads * T * d;
+    sh = bthd ? d : T * d;
+    st = bthd ? heads * d : d;
+  };
+  set(a.q_sb, a.q_sh, a.q_st, s.H, s.Tq, s.d_h);
+  set(a.k_sb, a.k_sh, a.k_st, s.H_kv, s.Tk, s.d_h);
+  set(a.v_sb, a.v_sh, a.v_st, s.H_kv, s.Tk, s.d_v);
+  set(a.o_sb, a.o_sh, a.o_st, s.H, s.Tq, s.d_v);
   return a;
+}
+
+/// The bias strides of a [Tq, Tk] or [B or 1, H or 1, Tq, Tk] bias (stride 0 on a broadcast axis).
+void set_bias_strides(AttentionLaunch& a, const Shape& bias, const AttentionShape& s) {
+  const bool r4 = bias.size() == 4;
+  a.bias_st = s.Tk;
+  a.bias_sh = r4 && bias[1] != 1 ? s.Tq * s.Tk : 0;
+  a.bias_sb = r4 && bias[0] != 1 ? bias[1] * s.Tq * s.Tk : 0;
 }
 
 /// Runs validated attention from host buffers of element size `elem` (already in device layout)
@@ -141,18 +159,26 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   dv.upload(static_cast<const unsigned char*>(v));
   std::vector<float> nulls(opt.null_logits.begin(), opt.null_logits.end());  // T(s) with T = float
   std::vector<int> lens(opt.key_lengths.begin(), opt.key_lengths.end());
+  std::vector<float> bias(static_cast<std::size_t>(opt.bias.size()));  // T(b) with T = float
+  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(opt.bias[static_cast<index_t>(i)]);
   DeviceBuffer<float> dnull = to_device(nulls);
   DeviceBuffer<int> dlen = to_device(lens);
+  DeviceBuffer<float> dbias = to_device(bias);
   DeviceBuffer<float> dout(rows * static_cast<std::size_t>(s.d_v)), dlse(rows), dpn(rows);
   DeviceBuffer<float> dmax(opt.return_probs ? rows : 0), dsum(opt.return_probs ? rows : 0);
   DeviceBuffer<int> dbad(1);
   check(cudaMemset(dbad.get(), 0, sizeof(int)), "cudaMemset");
 
-  AttentionLaunch a = contiguous_launch(type, dq.get(), dk.get(), dv.get(), s);
+  AttentionLaunch a = layout_launch(type, dq.get(), dk.get(), dv.get(), s, opt.layout);
   a.softmax1 = opt.normalizer == RowNorm::softmax1;
   a.null_logits = nulls.empty() ? nullptr : dnull.get();
   a.causal = opt.causal;
   a.key_lengths = lens.empty() ? nullptr : dlen.get();
+  a.window = static_cast<int>(std::min(opt.window, s.Tk));  // W >= Tk sees every earlier key, as W = Tk
+  if (!bias.empty()) {
+    a.bias = dbias.get();
+    set_bias_strides(a, opt.bias.shape(), s);
+  }
   a.scale = attention_scale(s, opt.scale);
   a.out = dout.get();
   a.lse = dlse.get();
@@ -164,11 +190,12 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   int bad = 0;
   dbad.download(&bad);
   // As normalize_row: a NaN or +inf score (q.k overflowed float) is rejected.
-  OASIS_REQUIRE(bad == 0, "scores", "a score q.k * scale overflowed to NaN or +inf (the inputs are too large for "
-                "float32 scores)");
+  OASIS_REQUIRE(bad == 0, "scores", "a score q.k * scale", opt.bias.empty() ? "" : " + bias",
+                " overflowed to NaN or +inf (the inputs are too large for float32 scores)");
 
   AttentionResult<float> r;
-  r.out = Tensor<float>({s.B, s.H, s.Tq, s.d_v});
+  r.out = opt.layout == AttentionLayout::bhtd ? Tensor<float>({s.B, s.H, s.Tq, s.d_v})
+                                              : Tensor<float>({s.B, s.Tq, s.H, s.d_v});
   r.lse = Tensor<float>({s.B, s.H, s.Tq});
   r.p_null = Tensor<float>({s.B, s.H, s.Tq});
   if (opt.return_probs) {
@@ -181,15 +208,16 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   dlse.download(r.lse.data());
   dpn.download(r.p_null.data());
   check(cudaDeviceSynchronize(), "attention kernels");
-  // A row whose visible scores all overflowed to -inf is fully masked (LSE = -inf), as in
-  // normalize_row; with MaskedRow::error plain softmax rejects it like a row without visible keys.
+  // A row whose visible scores are all -inf (masked by the bias, or overflowed to -inf) is fully
+  // masked (LSE = -inf), as in normalize_row; with MaskedRow::error plain softmax rejects it like a
+  // row without visible keys.
   if (opt.normalizer == RowNorm::softmax && opt.masked_row == MaskedRow::error)
     for (index_t b = 0; b < s.B; ++b)
       for (index_t h = 0; h < s.H; ++h)
         for (index_t t = 0; t < s.Tq; ++t)
           OASIS_REQUIRE(!(std::isinf(r.lse(b, h, t)) && r.lse(b, h, t) < 0), "scores",
                         "plain softmax on a fully masked row (batch ", b, ", head ", h, ", query ", t,
-                        ": every visible score q.k * scale overflowed to -inf) and MaskedRow::error was requested");
+                        ": every visible score is -inf) and MaskedRow::error was requested");
   return r;
 }
 
@@ -206,7 +234,7 @@ AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16
   const Tensor<float> qf = io::widen(q), kf = io::widen(k), vf = io::widen(v);
   const AttentionShape s = check_attention_args(qf, kf, vf, opt);
   detail::check_cuda_attention_limits(s, opt.normalizer);
-  const KernelChoice choice = detail::resolve_kernel(s, q.dtype, opt, kernel);
+  const KernelChoice choice = detail::resolve_kernel(s, q.dtype, detail::features_of(opt), kernel);
   detail::check_masked_rows(s, opt);
   detail::require_device();
   return detail::run_attention(q.dtype, q.bits.data(), k.bits.data(), v.bits.data(), sizeof(std::uint16_t), s, opt,
@@ -217,7 +245,7 @@ AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<floa
                                        const AttentionOptions& opt, const KernelOptions& kernel) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
   detail::check_cuda_attention_limits(s, opt.normalizer);
-  const KernelChoice choice = detail::resolve_kernel(s, io::DType::f32, opt, kernel);
+  const KernelChoice choice = detail::resolve_kernel(s, io::DType::f32, detail::features_of(opt), kernel);
   detail::check_masked_rows(s, opt);
   detail::require_device();
   return detail::run_attention(io::DType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt, choice);
@@ -236,15 +264,29 @@ void token_attention_device(const DeviceAttention& d) {
   OASIS_REQUIRE(!d.null_logits || d.normalizer == RowNorm::softmax1, "null_logits", "given but the normaliser is ",
                 to_string(d.normalizer), " (no null category)");
   OASIS_REQUIRE(!d.scale || (std::isfinite(*d.scale) && *d.scale > 0), "scale", "must be finite and positive");
-  OASIS_REQUIRE(d.dtype != io::DType::f64, "dtype", "the CUDA kernels take f32, f16 or bf16 inputs, got f64");
+  OASIS_REQUIRE(d.dtype == io::DType::f32 || d.dtype == io::DType::f16 || d.dtype == io::DType::bf16, "dtype",
+                "the CUDA kernels take f32, f16 or bf16 inputs, got ", io::to_string(d.dtype));
+  OASIS_REQUIRE(d.window >= 0, "window", "must be >= 0 (0: no window), got ", d.window);
+  const Shape& bs = d.bias_shape;
+  if (d.bias)
+    OASIS_REQUIRE((bs.size() == 2 || (bs.size() == 4 && (bs[0] == 1 || bs[0] == s.B) && (bs[1] == 1 || bs[1] == s.H))) &&
+                      bs[bs.size() - 2] == s.Tq && bs[bs.size() - 1] == s.Tk,
+                  "bias", "shape ", shape_str(bs), " does not broadcast to [B, H, Tq, Tk] = [", s.B, ", ", s.H, ", ",
+                  s.Tq, ", ", s.Tk, "]");
   detail::check_cuda_attention_limits(s, d.normalizer);
-  const KernelChoice choice = detail::resolve_kernel(s, d.dtype, AttentionOptions{}, d.kernel);
+  const KernelChoice choice =
+      detail::resolve_kernel(s, d.dtype, detail::MaskFeatures{d.window, d.bias != nullptr}, d.kernel);
   detail::require_device();
-  detail::AttentionLaunch a = detail::contiguous_launch(d.dtype, d.q, d.k, d.v, s);
+  detail::AttentionLaunch a = detail::layout_launch(d.dtype, d.q, d.k, d.v, s, d.layout);
   a.softmax1 = d.normalizer == RowNorm::softmax1;
   a.null_logits = d.null_logits;
   a.causal = d.causal;
   a.key_lengths = d.key_lengths;
+  a.window = static_cast<int>(std::min(d.window, s.Tk));  // W >= Tk sees every earlier key, as W = Tk
+  if (d.bias) {
+    a.bias = d.bias;
+    detail::set_bias_strides(a, bs, s);
+  }
   a.scale = detail::attention_scale(s, d.scale);
   a.out = d.out;
   a.lse = d.lse;

@@ -19,7 +19,8 @@ struct CUstream_st;
 namespace oasis::cuda::detail {
 
 /// One fused attention call. Strides are in elements; q element (b, h, t, c) is at
-/// q[b * q_sb + h * q_sh + t * q_st + c] (c contiguous), likewise k, v (with the kv head) and out.
+/// q[b * q_sb + h * q_sh + t * q_st + c] (c contiguous), likewise k, v (with the kv head) and out,
+/// so either layout ([B, H, T, d] or [B, T, H, d]) is addressed in place.
 /// lse and p_null are [B, H, Tq] contiguous. row_max / row_sum (optional, may be null) receive the
 /// final running maximum M and normaliser sum S of each row, so that the probability kernel can
 /// form p_j = exp(z_j - M) / S exactly as the reference does.
@@ -36,6 +37,11 @@ struct AttentionLaunch {
   const float* null_logits = nullptr;  ///< device, H entries, or null for s = 0
   bool causal = false;
   const int* key_lengths = nullptr;    ///< device, B entries, or null for all Tk
+  int window = 0;                      ///< sliding window W >= 1, or 0 for none
+  /// Additive bias (device, float32), element (b, h, t, j) at bias[b * bias_sb + h * bias_sh +
+  /// t * bias_st + j] (a stride 0 broadcasts), or null for none; -inf masks a key.
+  const float* bias = nullptr;
+  long long bias_sb = 0, bias_sh = 0, bias_st = 0;
   float scale = 1.0f;
   float* out = nullptr;
   long long o_sb = 0, o_sh = 0, o_st = 0;

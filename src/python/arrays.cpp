@@ -78,7 +78,8 @@ io::StoredTensor to_stored(py::handle h, const std::string& dtype, const std::st
   const int num = a.dtype().num();
   const bool ok = (d == io::DType::f64 && num == dtype_num<double>()) || (d == io::DType::f32 && num == dtype_num<float>()) ||
                   (d == io::DType::f16 && num == py::dtype("float16").num()) ||
-                  (d == io::DType::bf16 && num == dtype_num<std::uint16_t>());
+                  (d == io::DType::bf16 && num == dtype_num<std::uint16_t>()) ||
+                  (d == io::DType::i32 && num == dtype_num<std::int32_t>()) || (d == io::DType::i64 && num == dtype_num<std::int64_t>());
   OASIS_REQUIRE(ok, name, "dtype ", dtype_name(a), " does not hold ", std::string(io::to_string(d)),
                 " values (bf16: the raw bits as uint16)");
   require_layout(a, name);
@@ -91,6 +92,14 @@ io::StoredTensor to_stored(py::handle h, const std::string& dtype, const std::st
       case io::DType::f32: v[i] = static_cast<const float*>(p)[i]; break;
       case io::DType::f16: v[i] = io::half_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
       case io::DType::bf16: v[i] = io::bf16_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
+      case io::DType::i32: v[i] = static_cast<const std::int32_t*>(p)[i]; break;
+      case io::DType::i64: {
+        const std::int64_t x = static_cast<const std::int64_t*>(p)[i];
+        OASIS_REQUIRE(x >= -(std::int64_t(1) << 53) && x <= (std::int64_t(1) << 53), name, "int64 entry ", i,
+                      " lies beyond 2^53 in magnitude (not exact as a double)");
+        v[i] = static_cast<double>(x);
+        break;
+      }
     }
   }
   return s;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "engine.hpp"
+#include "oasis/error_bounds.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
 
@@ -108,28 +109,106 @@ RowNorm token_normalizer(const Options& o, const std::string& key) {
   return n;
 }
 
-Tensor<double> PlainBounds::get(const std::string& name, DType d) {
+const Tensor<double>& PlainBounds::raw(const std::string& name, DType d) {
   BoundMap& m = d == DType::f64 ? wide_ : narrow_;
   if (m.empty()) m = fn_(d == DType::f64);
   auto it = m.find(name);
   OASIS_REQUIRE(it != m.end(), "outputs", "no error bound for '", name, "'");
-  Tensor<double> b = it->second;
+  return it->second;
+}
+
+Tensor<double> PlainBounds::get(const std::string& name, DType d) {
+  Tensor<double> b = raw(name, d);
   const double s = d == DType::f64 ? 1.0 : unit_roundoff(d) / unit_roundoff(DType::f32);
   for (index_t i = 0; i < b.size(); ++i) b[i] *= s;
   return b;
 }
 
+Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho) {
+  const double scale16 = is16(d) ? unit_roundoff(d) / unit_roundoff(DType::f32) : 1.0;
+  const double certain = 2.0 * wc * scale16;
+  if (p == Policy::worst_case || std::isnan(prob)) return {certain, certain, false, rho};
+  if (!is16(d)) return {prob, certain, false, rho};
+  // accumulated in float32 and rounded once to d (p16: the probabilities rounded to d before P·V)
+  const double e = prob + (p == Policy::p16 ? bounds::kSecondOrder * unit_roundoff(d) * mix_mass : 0.0);
+  return {e, certain, true, rho};
+}
+
+std::string bound_name(DType d, Policy p, bool has_prob, bool mixture) {
+  if (p == Policy::worst_case) return is16(d) ? "worst-case, all in " + std::string(io::to_string(d)) : "worst-case";
+  if (!has_prob) return "worst-case (no probabilistic bound)";
+  if (!is16(d)) return "probabilistic";
+  const std::string ds(io::to_string(d));
+  return (p == Policy::p16 && mixture ? "p16: f32, P in " + ds + ", stored " : "f32 stored as ") + ds;
+}
+
+}  // namespace detail
+
+TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got, const Tensor<mp50>& ref,
+                            const Tensor<double>& plain, int show) {
+  using namespace detail;
+  if (got.values.shape() != ref.shape()) return shape_mismatch(name, got, ref.shape());
+  TensorCheck chk(name, got, show);
+  for (index_t i = 0; i < ref.size(); ++i) {
+    const double hi = static_cast<double>(ref[i]);
+    const double lo = std::isfinite(hi) ? static_cast<double>(ref[i] - mp50(hi)) : 0.0;
+    chk.add(i, RefValue{hi, lo, 0.0, &ref[i]}, Allowed{2.0 * plain[i], 2.0 * plain[i], false, 0.0});
+  }
+  return chk.finish("worst-case");
+}
+
+namespace detail {
+
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt) {
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob) {
   for (const auto& [name, t] : outputs) {
     auto it = refs.find(name);
     if (it == refs.end()) continue;  // an input of the op held in the same file (the engine checked the names)
-    rep.tensors.push_back(compare_tensor(name, t, *it->second,
-                                         t.values.shape() == it->second->shape() ? bounds.get(name, t.dtype)
-                                                                                 : Tensor<double>(),
-                                         opt.show));
+    const Ref& ref = *it->second;
+    if (t.values.shape() != ref.shape()) {
+      rep.tensors.push_back(shape_mismatch(name, t, ref.shape()));
+      continue;
+    }
+    const Tensor<double>& wc = bounds.raw(name, t.dtype);
+    const Tensor<double>* pb = prob ? &prob->raw(name, t.dtype) : nullptr;
+    TensorCheck chk(name, t, opt.show);
+    for (index_t i = 0; i < ref.size(); ++i) {
+      const double hi = static_cast<double>(ref[i]);
+      const double lo = std::isfinite(hi) ? static_cast<double>(ref[i] - mp50(hi)) : 0.0;
+      chk.add(i, RefValue{hi, lo, 0.0, &ref[i]},
+              allowed_terms(t.dtype, opt.policy, wc[i], pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0));
+    }
+    rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, pb != nullptr, false)));
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
+}
+
+std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed) {
+  std::vector<index_t> rows;
+  if (n <= 0 || n >= total) {
+    rows.resize(static_cast<std::size_t>(total));
+    for (index_t i = 0; i < total; ++i) rows[static_cast<std::size_t>(i)] = i;
+    return rows;
+  }
+  std::uint64_t state = seed;
+  auto next = [&] {  // SplitMix64
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  // Floyd's algorithm: n distinct values of [0, total) with n draws.
+  std::set<index_t> chosen;
+  for (index_t j = total - n; j < total; ++j) {
+    const std::uint64_t range = static_cast<std::uint64_t>(j) + 1;
+    const std::uint64_t limit = ~std::uint64_t(0) - (~std::uint64_t(0) % range);
+    std::uint64_t x;
+    do x = next(); while (x >= limit);  // unbiased
+    const index_t t = static_cast<index_t>(x % range);
+    if (!chosen.insert(t).second) chosen.insert(j);
+  }
+  rows.assign(chosen.begin(), chosen.end());
+  return rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -252,8 +331,15 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   const OpSpec& s = op_spec(op);
   const Options o(&options);
   validate_call(s, inputs, outputs, o);
+  for (const auto& [name, t] : outputs)  // integer tensors (ids) have no rounding policy
+    OASIS_REQUIRE(!io::is_integer(t.dtype) || inputs.count(name), name, "is an integer tensor (", io::to_string(t.dtype),
+                  "); outputs are floating point");
+  OASIS_REQUIRE(opt.sample >= 0, "sample", "must be >= 0 (0: every row), got ", opt.sample);
+  OASIS_REQUIRE(opt.sample == 0 || s.samples_rows, "sample", "op ", op,
+                " checks every element (sampling rows is offered by ops attention, depth, coupling and normalizer)");
   CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
   rep.op = op;
+  rep.policy = std::string(to_string(opt.policy));
   for (const auto& [name, t] : outputs) {
     (void)t;
     if (!rep.tensors.empty() && std::none_of(s.outputs.begin(), s.outputs.end(), [&](const TensorSpec& x) { return x.name == name; }))
@@ -264,22 +350,34 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
 }
 
 namespace {
-void check_model_options(const Value& options) {
+void check_model_options(const Value& options, const CompareOptions& opt) {
   const Options o(&options);
   for (const auto& k : o.keys()) throw invalid_argument("options", "unknown option '" + k + "' for op model (known: none)");
+  OASIS_REQUIRE(opt.sample == 0, "sample",
+                "the model level checks every element (sampling rows is offered by ops attention, depth, coupling and normalizer)");
+}
+
+/// The model level has its own rules (each step under the worst-case line, end-to-end and gradient
+/// verdicts under the parity rule; docs/verify.md), whatever the op-level policy.
+CompareReport model_report(CompareReport rep, const CompareOptions& opt) {
+  rep.policy = "worst_case";
+  if (opt.policy != Policy::probabilistic)
+    rep.notes.push_back("policy " + std::string(to_string(opt.policy)) +
+                        " applies to op-level checks; the model level uses its own rules (docs/verify.md)");
+  return rep;
 }
 }  // namespace
 
 CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
                           const Value& options, const CompareOptions& opt) {
-  check_model_options(options);
-  return run_model(weights_file, inputs, trace, opt);
+  check_model_options(options, opt);
+  return model_report(run_model(weights_file, inputs, trace, opt), opt);
 }
 
 CompareReport check_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
                           const TensorMap& trace, const Value& options, const CompareOptions& opt) {
-  check_model_options(options);
-  return run_model(config, weights, inputs, trace, opt);
+  check_model_options(options, opt);
+  return model_report(run_model(config, weights, inputs, trace, opt), opt);
 }
 
 CompareOptions compare_options(const Value& v) {
@@ -290,8 +388,22 @@ CompareOptions compare_options(const Value& v) {
       std::uint64_t n = 0;
       OASIS_REQUIRE(x.as_uint64(&n) && n <= 1000000, "show", "must be an integer in [0, 1000000]");
       opt.show = static_cast<int>(n);
+    } else if (key == "policy") {
+      OASIS_REQUIRE(x.is_string(), "policy", "must be a string (probabilistic, p16 or worst_case)");
+      opt.policy = parse_policy(x.text);
+    } else if (key == "oracle") {
+      OASIS_REQUIRE(x.is_string(), "oracle", "must be a string (fast or mp50)");
+      opt.oracle = parse_oracle(x.text);
+    } else if (key == "sample") {
+      std::uint64_t n = 0;
+      OASIS_REQUIRE(x.as_uint64(&n) && n < (1ull << 62), "sample", "must be a non-negative integer (0: every row)");
+      opt.sample = static_cast<index_t>(n);
+    } else if (key == "seed") {
+      std::uint64_t n = 0;
+      OASIS_REQUIRE(x.as_uint64(&n), "seed", "must be a non-negative integer");
+      opt.seed = n;
     } else {
-      throw invalid_argument(key, "unknown comparison option (known: show)");
+      throw invalid_argument(key, "unknown comparison option (known: show, policy, oracle, sample, seed)");
     }
   }
   return opt;
@@ -313,8 +425,9 @@ std::string describe_ops() {
     if (!op.help.empty()) s += "                " + op.help + "\n";
   }
   s += "  model         \"model\": weights file of oasis::model::save_model (configuration in its metadata)\n"
-       "                inputs ids [B,T]; outputs logits [B,T,vocab] and trace tensors <sublayer>.<field>\n"
-       "                (docs/verify.md, model level)\n";
+       "                inputs ids [B,T] (integer or float dtype); outputs logits [B,T,vocab], state [B,T,d] and\n"
+       "                trace tensors <sublayer>.<field>, each checked against its producer in the configured\n"
+       "                model (docs/verify.md, model level)\n";
   return s;
 }
 

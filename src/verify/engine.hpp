@@ -22,6 +22,7 @@
 #include "oasis/depth.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis/verify/policy.hpp"
+#include "tensor_check.hpp"
 
 namespace oasis::verify::detail {
 
@@ -76,6 +77,7 @@ struct OpSpec {
   std::vector<std::string> options;
   std::string help;  ///< option values and notes for describe_ops()
   std::function<CompareReport(const OpCall&)> run;
+  bool samples_rows = false;  ///< honours CompareOptions::sample
 };
 
 /// Every op-level op the engine knows (engine.cpp).
@@ -114,6 +116,15 @@ const StoredTensor* maybe(const TensorMap& m, const std::string& name);
 
 /// Unit roundoff of a stored dtype.
 inline double unit_roundoff(DType d) { return io::dtype_eps(d) / 2; }
+inline bool is16(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+/// The allowed terms of one element of an output stored in d under policy p (policy.hpp), from the
+/// bounds at the output's accumulation precision (double for f64 outputs, float otherwise):
+/// wc the worst-case B, prob the probabilistic E (NaN: none derived), mix_mass sum_j p_j |v_jc|
+/// of a mixture output (0 otherwise; the p16 term).
+Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho = 0);
+/// The bound column of the report for such a tensor.
+std::string bound_name(DType d, Policy p, bool has_prob, bool mixture);
 
 /// B(D) for every output: f64 from the double bound, f32 from the float bound, f16/bf16 the
 /// float bound scaled by u_D / u_f32 (the bounds are first order in u).
@@ -122,15 +133,23 @@ class PlainBounds {
   using Fn = std::function<BoundMap(bool wide)>;  // wide: double, else float
   explicit PlainBounds(Fn fn) : fn_(std::move(fn)) {}
   Tensor<double> get(const std::string& name, DType d);
+  /// The unscaled bound at the accumulation precision of d (double for f64, float otherwise).
+  const Tensor<double>& raw(const std::string& name, DType d);
 
  private:
   Fn fn_;
   BoundMap wide_, narrow_;
 };
 
-/// Compare every output present against the oracle's `refs`; fills rep.tensors and rep.passed.
+/// Compare every output present against the oracle's `refs` (mp50) with the worst-case bounds and,
+/// when `prob` is given, the probabilistic ones (same BoundMap layout at the accumulation
+/// precision); fills rep.tensors and rep.passed.
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt);
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob = nullptr);
+
+/// `n` distinct rows of `total` drawn with `seed` (sorted; all rows when n = 0 or n >= total).
+/// Reproducible on every platform (SplitMix64, no standard-library distribution).
+std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed);
 
 /// Option "normalizer" of the ops with derived bounds: softmax or softmax1.
 RowNorm token_normalizer(const Options& o, const std::string& key);

@@ -3,11 +3,17 @@
 #include <map>
 
 #include "engine.hpp"
+#include "oasis/prob_bounds.hpp"
 #include "oasis/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {
 namespace {
+
+/// u_D and the subnormal floor 2 denorm_min(D) of a stored dtype.
+bounds::Precision precision_of(DType d) {
+  return {unit_roundoff(d), 2.0 * std::ldexp(1.0, io::dtype_min_exponent(d) - io::dtype_fraction_bits(d))};
+}
 
 CompareReport run(const OpCall& c) {
   const TensorMap &in = c.inputs, &out = c.outputs;
@@ -28,43 +34,79 @@ CompareReport run(const OpCall& c) {
   }
   OASIS_REQUIRE(kind == RowNorm::softmax1 || (!maybe(in, "s") && !o.has("null_logit")), "null_logit",
                 "given but the normaliser is softmax (no null category)");
-  Ref p(z.values.shape()), p_null(lead), lse(lead);
-  for (index_t r = 0; r < R; ++r) {
-    Vec<mp50> zr(m);
-    for (index_t j = 0; j < m; ++j) zr[j] = mp50(z.values[r * m + j]);
-    const RowProbs<mp50> rp = kind == RowNorm::softmax1 ? softmax_null(zr, mp50(s[static_cast<std::size_t>(r)])) : softmax(zr);
-    for (index_t j = 0; j < m; ++j) p[r * m + j] = rp.p[j];
-    p_null[r] = rp.p_null;
-    lse[r] = rp.lse;
-  }
-  // The normaliser bound takes D's unit roundoff directly (no scaling needed).
-  std::map<DType, BoundMap> cache;
-  auto bound_for = [&](DType d) -> BoundMap& {
-    BoundMap& bm = cache[d];
-    if (!bm.empty()) return bm;
-    const double denorm_min = std::ldexp(1.0, io::dtype_min_exponent(d) - io::dtype_fraction_bits(d));
-    const bounds::Precision pr{unit_roundoff(d), 2.0 * denorm_min};
-    Tensor<double> bp(z.values.shape()), bn(lead), bl(lead);
-    std::vector<double> pr_d(static_cast<std::size_t>(m));
-    for (index_t r = 0; r < R; ++r) {
-      for (index_t j = 0; j < m; ++j) pr_d[static_cast<std::size_t>(j)] = static_cast<double>(p[r * m + j]);
-      const bounds::RowBound rb = bounds::row_bound(pr, kind, z.values.data() + r * m, nullptr, m, s[static_cast<std::size_t>(r)],
-                                                    0.0, pr_d.data(), static_cast<double>(p_null[r]), static_cast<double>(lse[r]));
-      for (index_t j = 0; j < m; ++j) bp[r * m + j] = rb.p[static_cast<std::size_t>(j)];
-      bn[r] = rb.p_null;
-      bl[r] = rb.lse;
-    }
-    bm = {{"p", bp}, {"p_null", bn}, {"lse", bl}};
-    return bm;
+  // Outputs present, with their accumulation precision (double for f64, float otherwise).
+  // pr: the accumulation precision (double for f64, float otherwise) of the probabilistic term;
+  // wc: the precision of the worst-case bound, D itself (a computation entirely in D)
+  struct Target {
+    int kind;  // 0 p, 1 p_null, 2 lse
+    const StoredTensor* got;
+    bounds::Precision pr, wc;
   };
+  const std::map<std::string, std::pair<int, Shape>> known = {{"p", {0, z.values.shape()}}, {"p_null", {1, lead}}, {"lse", {2, lead}}};
   CompareReport rep;
   rep.op = "normalizer";
-  const std::map<std::string, const Ref*> refs = {{"p", &p}, {"p_null", &p_null}, {"lse", &lse}};
+  std::vector<Target> targets;
+  std::vector<TensorCheck> checks;
+  std::vector<std::size_t> slot;
   for (const auto& [name, t] : out) {
-    auto it = refs.find(name);
-    if (it == refs.end()) continue;  // an input held in the same file
-    const bool same = t.values.shape() == it->second->shape();
-    rep.tensors.push_back(compare_tensor(name, t, *it->second, same ? bound_for(t.dtype).at(name) : Tensor<double>(), copt.show));
+    auto it = known.find(name);
+    if (it == known.end()) continue;  // an input held in the same file
+    if (t.values.shape() != it->second.second) {
+      rep.tensors.push_back(shape_mismatch(name, t, it->second.second));
+      continue;
+    }
+    targets.push_back({it->second.first, &t, precision_of(t.dtype == DType::f64 ? DType::f64 : DType::f32), precision_of(t.dtype)});
+    checks.emplace_back(name, t, copt.show);
+    slot.push_back(rep.tensors.size());
+    rep.tensors.emplace_back();
+  }
+  // Row by row in mp50; the bounds of the row (oasis/error_bounds.hpp row_bound, worst case;
+  // oasis/prob_bounds.hpp prob_row, probabilistic) with exact logits (no error of their own).
+  const std::vector<index_t> rows = sample_rows(R, copt.sample, copt.seed);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Vec<mp50> zr(m);
+  std::vector<double> pd(static_cast<std::size_t>(m));
+  for (index_t r : rows) {
+    for (index_t j = 0; j < m; ++j) zr[j] = mp50(z.values[r * m + j]);
+    const double sr = s[static_cast<std::size_t>(r)];
+    const RowProbs<mp50> rp = kind == RowNorm::softmax1 ? softmax_null(zr, mp50(sr)) : softmax(zr);
+    for (index_t j = 0; j < m; ++j) pd[static_cast<std::size_t>(j)] = static_cast<double>(rp.p[j]);
+    const double pn = static_cast<double>(rp.p_null), ls = static_cast<double>(rp.lse);
+    const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, kind, z.values.data() + r * m, nullptr, m, sr,
+                                                  0.0, pd.data(), pn, ls);
+    const bounds::ProbRow pr = bounds::prob_row(kind, z.values.data() + r * m, nullptr, m, sr, 0.0, 0.0, pd.data(), pn, ls);
+    for (std::size_t ti = 0; ti < targets.size(); ++ti) {
+      const Target& tg = targets[ti];
+      const double uw = tg.wc.u, flw = tg.wc.p_floor, fl = tg.pr.p_floor, lam = bounds::kSecondOrder * kLambda * tg.pr.u;
+      // allowed_terms scales a 16-bit worst-case term by u_D / u_f32: undo it for a bound at u_D
+      const double back = is16(tg.got->dtype) ? unit_roundoff(DType::f32) / unit_roundoff(tg.got->dtype) : 1.0;
+      auto add = [&](index_t flat, const mp50& ref, double wc, double prob) {
+        const double hi = static_cast<double>(ref);
+        const double lo = std::isfinite(hi) ? static_cast<double>(ref - mp50(hi)) : 0.0;
+        checks[ti].add(flat, RefValue{hi, lo, 0.0, &ref}, allowed_terms(tg.got->dtype, copt.policy, wc * back, prob, 0.0));
+      };
+      if (tg.kind == 0) {
+        for (index_t j = 0; j < m; ++j) {
+          const bool masked = std::isinf(z.values[r * m + j]);
+          add(r * m + j, rp.p[j], masked ? 0.0 : uw * b1.p[static_cast<std::size_t>(j)] + flw,
+              masked ? 0.0 : lam * pr.p[static_cast<std::size_t>(j)] + fl);
+        }
+      } else if (tg.kind == 1) {
+        const bool has = kind == RowNorm::softmax1;
+        add(r, rp.p_null, has ? uw * b1.p_null + flw : 0.0, has ? lam * pr.p_null + fl : 0.0);
+      } else {
+        add(r, rp.lse, uw * b1.lse, std::isinf(ls) ? nan : lam * pr.lse);
+      }
+    }
+  }
+  for (std::size_t ti = 0; ti < targets.size(); ++ti)
+    rep.tensors[slot[ti]] = checks[ti].finish(bound_name(targets[ti].got->dtype, copt.policy, true, false));
+  if (copt.sample > 0 && copt.sample < R) {
+    rep.sample.rows = static_cast<index_t>(rows.size());
+    rep.sample.total = R;
+    rep.sample.seed = copt.seed;
+    rep.sample.row_kind = "(row of z)";
+    for (index_t r : rows) rep.sample.which.push_back("(" + std::to_string(r) + ")");
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
   return rep;
@@ -73,12 +115,14 @@ CompareReport run(const OpCall& c) {
 }  // namespace
 
 OpSpec normalizer_op() {
-  return {"normalizer",
+  OpSpec s{"normalizer",
           {{"z", "[..., m]"}, {"s", "[...] or [1]", false}},
           {{"p", "[..., m]"}, {"p_null", "[...]"}, {"lse", "[...]"}},
           {"normalizer", "null_logit"},
           "normalizer: softmax1 (default) | softmax; null_logit: one null logit for every row (or input s)",
           run};
+  s.samples_rows = true;
+  return s;
 }
 
 }  // namespace oasis::verify::detail

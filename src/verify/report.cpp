@@ -1,23 +1,13 @@
-// src/verify/report.cpp — one tensor under the tolerance policy, and the report's two forms
-// (the table of `oasis-verify compare`, JSON).
+// src/verify/report.cpp — the report's two forms: the table of `oasis-verify compare` and JSON.
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <sstream>
 
-#include "engine.hpp"
+#include "oasis/io/json.hpp"
+#include "oasis/verify/report.hpp"
 
 namespace oasis::verify {
 namespace {
-
-std::string index_str(const Shape& shape, index_t flat) {
-  std::vector<index_t> ix(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    ix[d] = shape[d] ? flat % shape[d] : 0;
-    flat = shape[d] ? flat / shape[d] : 0;
-  }
-  return shape_str(ix);
-}
 
 std::string num(double x) {
   char buf[40];
@@ -25,67 +15,50 @@ std::string num(double x) {
   return buf;
 }
 
-}  // namespace
-
-TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got, const Tensor<mp50>& ref,
-                            const Tensor<double>& plain, int show) {
-  TensorReport r;
-  r.name = name;
-  r.dtype = got.dtype;
-  r.shape = got.values.shape();
-  r.elements = got.values.size();
-  if (got.values.shape() != ref.shape()) {
-    r.problem = "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(ref.shape());
-    r.violations = r.elements;
-    return r;
-  }
-  for (index_t i = 0; i < got.values.size(); ++i) {
-    const double x = got.values[i];
-    const mp50& rm = ref[i];
-    const double rd = static_cast<double>(rm);
-    const double bound = 0.5 * io::dtype_ulp(got.dtype, rd) + 2.0 * plain[i];
-    double err;
-    if (is_finite(rm)) {
-      err = std::isfinite(x) ? static_cast<double>(abs(mp50(x) - rm)) : std::numeric_limits<double>::infinity();
-    } else {  // -inf (LSE of a fully masked plain-softmax row): must match exactly
-      err = (x == rd) ? 0.0 : std::numeric_limits<double>::infinity();
-    }
-    if (std::isnan(x)) err = std::numeric_limits<double>::quiet_NaN();
-    const bool ok = err <= bound;  // NaN fails
-    const double shown_err = std::isnan(err) ? std::numeric_limits<double>::infinity() : err;
-    r.max_abs = std::max(r.max_abs, shown_err);
-    if (rd != 0 && std::isfinite(rd)) r.max_rel = std::max(r.max_rel, shown_err / std::fabs(rd));
-    r.max_ulps = std::max(r.max_ulps, shown_err / io::dtype_ulp(got.dtype, rd));
-    r.worst_ratio = std::max(r.worst_ratio, bound > 0 ? shown_err / bound : (shown_err > 0 ? INFINITY : 0.0));
-    if (!ok) {
-      if (r.violations < show)
-        r.first_mismatches.push_back(name + index_str(r.shape, i) + ": got " + num(x) + " ref " + num(rd) + " |err| " +
-                                     num(shown_err) + " (" + num(shown_err / io::dtype_ulp(got.dtype, rd)) + " ulp) bound " +
-                                     num(bound));
-      ++r.violations;
-    }
-  }
-  r.passed = r.violations == 0;
-  return r;
+/// PASS, FAIL or FAIL-certain of one tensor (informative tensors have no verdict).
+std::string verdict_word(const TensorReport& t) {
+  if (t.informative) return "INFO";
+  if (t.passed) return "PASS";
+  return t.certain_failure ? "FAIL-certain" : "FAIL";
 }
+
+bool any_certain_failure(const CompareReport& r) {
+  for (const auto& t : r.tensors)
+    if (!t.informative && t.certain_failure) return true;
+  return false;
+}
+
+}  // namespace
 
 std::string format_report(const CompareReport& r) {
   std::ostringstream os;
-  os << "oasis-verify compare: op " << r.op << "  (oracle: mp50; policy per element: |x - ref| <= 0.5 ulp_D(ref) + 2 B_plain(D))\n";
-  char line[512];
-  std::snprintf(line, sizeof line, "  %-12s %-5s %-18s %12s %12s %12s %12s  %s\n", "tensor", "dtype", "shape", "max|err|",
-                "max rel", "max ulps", "err/bound", "verdict");
+  os << "oasis-verify compare: op " << r.op << "  (oracle: " << r.oracle << "; policy: " << r.policy
+     << (r.policy == "worst_case" ? "" : ", certain line: worst case") << ")\n";
+  char line[640];
+  std::snprintf(line, sizeof line, "  %-12s %-5s %-18s %11s %11s %11s %11s %11s  %s\n", "tensor", "dtype", "shape", "max|err|",
+                "max rel", "max ulps", "err/bound", "err/certain", "verdict");
   os << line;
   for (const auto& t : r.tensors) {
-    std::string verdict = t.informative ? "INFO (no verdict)" : t.passed ? "PASS" : "FAIL";
-    if (!t.passed && t.problem.empty())
-      verdict += " (" + std::to_string(t.violations) + " of " + std::to_string(t.elements) + " elements outside the bound)";
+    std::string verdict = t.informative ? "INFO (no verdict)" : verdict_word(t);
+    if (!t.informative && !t.passed && t.problem.empty()) {
+      verdict += " (" + std::to_string(t.violations) + " of " + std::to_string(t.checked) + " elements outside the bound";
+      if (t.certain_failure) verdict += ", " + std::to_string(t.violations_certain) + " outside the certain bound";
+      verdict += ")";
+    }
     if (!t.problem.empty()) verdict += " (" + t.problem + ")";
-    std::snprintf(line, sizeof line, "  %-12s %-5s %-18s %12.4g %12.4g %12.4g %12.4g  %s\n", t.name.c_str(),
+    if (!t.informative && !t.bound.empty()) verdict += "  [" + t.bound + "]";
+    std::snprintf(line, sizeof line, "  %-12s %-5s %-18s %11.4g %11.4g %11.4g %11.4g %11.4g  %s\n", t.name.c_str(),
                   std::string(io::to_string(t.dtype)).c_str(), shape_str(t.shape).c_str(), t.max_abs, t.max_rel, t.max_ulps,
-                  t.worst_ratio, verdict.c_str());
+                  t.worst_ratio, t.worst_ratio_certain, verdict.c_str());
     os << line;
     for (const auto& m : t.first_mismatches) os << "      " << m << "\n";
+  }
+  if (r.sample.rows > 0) {
+    os << "  sample: " << r.sample.rows << " of " << r.sample.total << " rows " << r.sample.row_kind << " checked (seed "
+       << r.sample.seed << "):";
+    for (std::size_t i = 0; i < r.sample.which.size() && i < 12; ++i) os << " " << r.sample.which[i];
+    if (r.sample.which.size() > 12) os << " ... (all in the JSON report)";
+    os << "\n  sample: the unchecked rows can hide errors; a PASS covers the checked rows only\n";
   }
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
   index_t failed = 0, checked = 0;
@@ -93,8 +66,8 @@ std::string format_report(const CompareReport& r) {
     checked += t.informative ? 0 : 1;
     failed += t.informative || t.passed ? 0 : 1;
   }
-  os << "verdict: " << (r.passed ? "PASS" : "FAIL") << " (" << (checked - failed) << " of " << checked
-     << " tensors within the policy)\n";
+  os << "verdict: " << (r.passed ? "PASS" : any_certain_failure(r) ? "FAIL-certain" : "FAIL") << " (" << (checked - failed)
+     << " of " << checked << " tensors within the policy)\n";
   return os.str();
 }
 
@@ -104,20 +77,36 @@ std::string report_json(const CompareReport& r) {
     return std::isfinite(x) ? num(x) : std::string("null");  // JSON has no inf/NaN
   };
   std::ostringstream os;
-  os << "{\"op\":" << quote(r.op) << ",\"passed\":" << (r.passed ? "true" : "false") << ",\"tensors\":[";
+  os << "{\"op\":" << quote(r.op) << ",\"passed\":" << (r.passed ? "true" : "false")
+     << ",\"verdict\":" << quote(r.passed ? "PASS" : any_certain_failure(r) ? "FAIL-certain" : "FAIL")
+     << ",\"policy\":" << quote(r.policy) << ",\"oracle\":" << quote(r.oracle) << ",\"tensors\":[";
   for (std::size_t i = 0; i < r.tensors.size(); ++i) {
     const auto& t = r.tensors[i];
     os << (i ? "," : "") << "{\"name\":" << quote(t.name) << ",\"dtype\":" << quote(std::string(io::to_string(t.dtype)))
        << ",\"shape\":[";
     for (std::size_t d = 0; d < t.shape.size(); ++d) os << (d ? "," : "") << t.shape[d];
-    os << "],\"max_abs\":" << jnum(t.max_abs) << ",\"max_rel\":" << jnum(t.max_rel) << ",\"max_ulps\":" << jnum(t.max_ulps)
-       << ",\"worst_ratio\":" << jnum(t.worst_ratio) << ",\"violations\":" << t.violations
-       << ",\"passed\":" << (t.informative ? "null" : t.passed ? "true" : "false") << ",\"informative\":" << (t.informative ? "true" : "false")
-       << ",\"problem\":" << quote(t.problem) << ",\"first_mismatches\":[";
+    os << "],\"elements\":" << t.elements << ",\"checked\":" << t.checked << ",\"bound\":" << quote(t.bound)
+       << ",\"max_abs\":" << jnum(t.max_abs) << ",\"max_rel\":" << jnum(t.max_rel) << ",\"max_ulps\":" << jnum(t.max_ulps)
+       << ",\"worst_ratio\":" << jnum(t.worst_ratio) << ",\"worst_ratio_certain\":" << jnum(t.worst_ratio_certain)
+       << ",\"has_nan\":" << (std::isnan(t.max_abs) ? "true" : "false") << ",\"violations\":" << t.violations
+       << ",\"violations_certain\":" << t.violations_certain
+       << ",\"passed\":" << (t.informative ? "null" : t.passed ? "true" : "false")
+       << ",\"informative\":" << (t.informative ? "true" : "false")
+       << ",\"verdict\":" << (t.informative ? "null" : quote(verdict_word(t))) << ",\"problem\":" << quote(t.problem)
+       << ",\"first_mismatches\":[";
     for (std::size_t k = 0; k < t.first_mismatches.size(); ++k) os << (k ? "," : "") << quote(t.first_mismatches[k]);
     os << "]}";
   }
-  os << "],\"notes\":[";
+  os << "],\"sample\":";
+  if (r.sample.rows > 0) {
+    os << "{\"rows\":" << r.sample.rows << ",\"total\":" << r.sample.total << ",\"seed\":" << r.sample.seed
+       << ",\"row\":" << quote(r.sample.row_kind) << ",\"which\":[";
+    for (std::size_t k = 0; k < r.sample.which.size(); ++k) os << (k ? "," : "") << quote(r.sample.which[k]);
+    os << "]}";
+  } else {
+    os << "null";
+  }
+  os << ",\"notes\":[";
   for (std::size_t k = 0; k < r.notes.size(); ++k) os << (k ? "," : "") << quote(r.notes[k]);
   os << "]}\n";
   return os.str();

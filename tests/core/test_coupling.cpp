@@ -223,7 +223,7 @@ TYPED_TEST(DepthPrecision, RouteWithinDerivedBoundOfHighPrecision) {
         o.theta = (cfg++ % 2) ? 1.5 : -5.0;
         const DepthRoute<T> got = attn_res_route(S, g, psi, kinds, o);
         const DepthRoute<R> ref = attn_res_route(S.template cast<R>(), g.template cast<R>(), psi.template cast<R>(), kinds, o);
-        const bounds::DepthRouteBounds b = bounds::depth_route_bounds(S, g, psi, kinds, o, ref);
+        const bounds::DepthRouteBounds b = bounds::depth_route_bounds(S, psi, kinds, o, ref);
         auto use = [](const Tensor<double>& bt) { return [&bt](index_t i, double) { return bt[i]; }; };
         const std::string tag = std::string(to_string(var)) + " n=" + std::to_string(n) + " " + std::string(to_string(cen));
         EXPECT_TRUE(oasis::test::within_bound("h", got.h, ref.h, use(b.h))) << tag;

@@ -128,6 +128,24 @@ TEST(Normalizer, LimitOfVeryNegativeLogits) {
   for (index_t j = 0; j < 4; ++j) EXPECT_EQ(q.p[j], 0.25);
 }
 
+// LSE1 of tiny magnitude keeps its relative accuracy: with s = 0 and every logit near -107,
+// LSE1 = log(1 + x), x = sum_j e^{z_j} ~ 8e-47, equals x - x^2/2 to ~1e-92 relative; M + log(S)
+// would keep only the ~4 digits of x that survive in 1 + x (50 digits).
+TEST(Normalizer, TinyLse1IsRelativelyAccurateInMp50) {
+  Vec<R> z(3);
+  z << R(-107), R(-107.5), R(-108);
+  R x(0);
+  for (index_t j = 0; j < z.size(); ++j) x += exp(z[j]);
+  const R expected = x - x * x / 2;
+  ASSERT_LT(to_double(expected), 1e-46);
+  ASSERT_GT(to_double(expected), 5e-47);
+  const RowProbs<R> r = softmax1(z);
+  EXPECT_LE(to_double(mp_abs(r.lse - expected) / expected), 1e-45) << to_double(r.lse);
+  // and in double: the same row in binary64 is accurate to a few ulps, not to 1e-16 absolute
+  const RowProbs<double> d = softmax1(Vec<double>(z.cast<double>()));
+  EXPECT_LE(std::abs(d.lse - to_double(expected)) / to_double(expected), 1e-15) << d.lse;
+}
+
 TEST(Normalizer, BadInputNamesTheArgument) {
   Vec<double> z(3);
   z << 1.0, std::nan(""), 0.0;

@@ -1,5 +1,6 @@
 // Fast CPU path: parity of the fused attention with the mp50 oracle under the
-// criterion of parity_bound.hpp, for every instruction-set variant this CPU runs; depth routing
+// criterion of parity_bound.hpp, for every instruction-set variant this CPU runs (with sliding
+// windows, additive biases with masked rows, and the [B, T, H, d] layout); depth routing
 // bitwise equal to the reference; the vectorised exp within its documented error; identical
 // validation messages; overflowed scores (NaN, +inf) rejected as the reference rejects them, -inf
 // scores masked; workspace reuse of the *_into API.
@@ -37,7 +38,19 @@ struct Case {
   double q_sd, k_sd;   // input scales (large: extreme logits)
   bool probs;
   std::optional<double> scale;
+  index_t window = 0;      // sliding window (0: none)
+  int bias_rank = 0;       // 0: no bias; 2: [Tq, Tk]; 4: [B, H, Tq, Tk]; 3: [B, 1, Tq, Tk]
+  AttentionLayout layout = AttentionLayout::bhtd;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+Case with(Case c, index_t window, int bias_rank, AttentionLayout layout) {
+  c.window = window;
+  c.bias_rank = bias_rank;
+  c.layout = layout;
+  return c;
+}
 
 std::vector<Case> cases() {
   return {
@@ -52,6 +65,24 @@ std::vector<Case> cases() {
       {"softmax1_extreme_logits", 1, 2, 1, 40, 200, 16, 16, RowNorm::softmax1, true, {}, true, 50, 50, true, {}},
       {"softmax_extreme_logits", 1, 2, 2, 40, 200, 16, 16, RowNorm::softmax, false, {170}, false, 50, 50, false, {}},
       {"softmax1_explicit_scale", 1, 1, 1, 65, 129, 32, 16, RowNorm::softmax1, true, {}, false, 1, 1, true, 0.7},
+      // sliding windows (SPEC §8): one key, in [B, T, H, d] with GQA; a band of 70 keys over 300
+      // (key tiles outside the band of a query block are skipped), d_v not a whole vector; padding
+      // with Tq != Tk (rows of batch 1 past its padding fully masked); wider than every row (= causal)
+      with({"window1_bthd_gqa", 1, 4, 2, 70, 70, 16, 16, RowNorm::softmax1, false, {}, true, 1, 1, true, {}}, 1, 0,
+           AttentionLayout::bthd),
+      with({"window_band_skips_tiles", 1, 2, 1, 300, 300, 32, 24, RowNorm::softmax1, false, {}, true, 1, 1, true, {}},
+           70, 0, AttentionLayout::bhtd),
+      with({"window_padded_tq_ne_tk", 2, 2, 2, 50, 200, 16, 16, RowNorm::softmax, false, {200, 160}, false, 1, 1, true,
+            {}}, 30, 0, AttentionLayout::bhtd),
+      with({"window_wider_than_rows", 1, 2, 2, 90, 90, 8, 8, RowNorm::softmax1, false, {}, true, 1, 1, false, {}}, 500,
+           0, AttentionLayout::bhtd),
+      // additive bias with -inf masks and rows masked at every key
+      with({"bias_masked_rows_softmax1_bthd", 2, 2, 1, 70, 100, 16, 16, RowNorm::softmax1, false, {}, true, 1, 1, true,
+            {}}, 0, 3, AttentionLayout::bthd),
+      with({"bias_masked_rows_softmax", 1, 2, 2, 66, 66, 16, 16, RowNorm::softmax, true, {}, false, 1, 1, true, {}}, 0,
+           2, AttentionLayout::bhtd),
+      with({"bias_window_bthd_odd_dv", 1, 2, 2, 150, 150, 16, 17, RowNorm::softmax1, true, {150}, true, 1, 1, true, {}},
+           40, 4, AttentionLayout::bthd),
   };
 }
 
@@ -74,7 +105,36 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
     std::normal_distribution<double> nd(0.0, 2.0);
     for (index_t h = 0; h < c.H; ++h) in.opt.null_logits.push_back(static_cast<double>(static_cast<float>(nd(rng))));
   }
+  in.opt.window = c.window;
+  if (c.bias_rank) {
+    // float-exact N(0, 2^2) values, -inf at a fifth of the entries and at every key of 3 rows
+    Tensor<double> bias = c.bias_rank == 2 ? Tensor<double>({c.Tq, c.Tk})
+                                           : Tensor<double>({c.B, c.bias_rank == 4 ? c.H : 1, c.Tq, c.Tk});
+    std::normal_distribution<double> nd(0.0, 2.0);
+    std::uniform_real_distribution<double> ud(0.0, 1.0);
+    for (index_t i = 0; i < bias.size(); ++i)
+      bias[i] = ud(rng) < 0.2 ? -std::numeric_limits<double>::infinity() : static_cast<double>(static_cast<float>(nd(rng)));
+    for (index_t r = 0; r < 3; ++r) {
+      const index_t row = static_cast<index_t>(ud(rng) * static_cast<double>(bias.size() / c.Tk));
+      for (index_t j = 0; j < c.Tk; ++j) bias[row * c.Tk + j] = -std::numeric_limits<double>::infinity();
+    }
+    in.opt.bias = std::move(bias);
+  }
+  if (c.layout == AttentionLayout::bthd) {  // the same values in [B, T, H, d]
+    in.opt.layout = c.layout;
+    in.q = swap_head_time(in.q);
+    in.k = swap_head_time(in.k);
+    in.v = swap_head_time(in.v);
+  }
   return in;
+}
+
+// True if row (b, h, t) sees no key: none in its key range, or each one masked by a -inf bias.
+bool fully_masked(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t h, index_t t) {
+  const KeyRange kr = visible_range(s, opt, b, t);
+  for (index_t j = kr.begin; j < kr.end; ++j)
+    if (attention_bias(opt, b, h, t, j) != -std::numeric_limits<double>::infinity()) return false;
+  return true;
 }
 
 class Parity : public ::testing::TestWithParam<Case> {};
@@ -100,12 +160,15 @@ TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
 
     // rows without a visible key are exact: out 0, p_null 1 / LSE1 = s (softmax1), LSE -inf (softmax)
     const AttentionShape s{c.B, c.H, c.H_kv, c.Tq, c.Tk, c.d_h, c.d_v};
+    const bool bthd = c.layout == AttentionLayout::bthd;
+    index_t masked = 0;
     for (index_t b = 0; b < c.B; ++b)
       for (index_t h = 0; h < c.H; ++h)
         for (index_t t = 0; t < c.Tq; ++t) {
-          if (visible_keys(s, opt, b, t) > 0) continue;
+          if (!fully_masked(s, opt, b, h, t)) continue;
+          ++masked;
           const float sl = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
-          for (index_t e = 0; e < c.d_v; ++e) ASSERT_EQ(fast.out(b, h, t, e), 0.0f);
+          for (index_t e = 0; e < c.d_v; ++e) ASSERT_EQ(bthd ? fast.out(b, t, h, e) : fast.out(b, h, t, e), 0.0f);
           if (c.norm == RowNorm::softmax1) {
             ASSERT_EQ(fast.p_null(b, h, t), 1.0f);
             ASSERT_EQ(fast.lse(b, h, t), sl);
@@ -114,6 +177,7 @@ TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
             ASSERT_TRUE(std::isinf(fast.lse(b, h, t)) && fast.lse(b, h, t) < 0);
           }
         }
+    RecordProperty("fully_masked_rows", std::to_string(masked));
   }
 }
 
@@ -363,6 +427,51 @@ TEST(CpuFastOverflow, OverflowAtMaskedKeyIsIgnoredLikeReference) {
       const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
       EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
     }
+  }
+}
+
+// Overflowing (q, k) pairs at keys outside a sliding window of 10 (Tq = 70, Tk = 150: query t sees
+// keys t + 71 .. t + 80): key 130 for query 65 sits in a tile the row partly sees (a masked lane),
+// key 20 for query 3 in a tile outside the band of its query block (skipped). Nothing is thrown
+// and the result is bitwise that of the inputs without the overflow.
+TEST(CpuFastOverflow, OverflowOutsideTheWindowIsIgnoredLikeReference) {
+  for (const OverflowMode& m : overflow_modes()) {
+    SCOPED_TRACE(mode_name(m));
+    const OverflowInputs clean = overflow_inputs(7107);
+    OverflowInputs in = clean;
+    AttentionOptions opt = options_of(m);
+    opt.window = 10;
+    opt.return_probs = true;
+    plant(in, 1, 0, 65, 130, 1e20f, 1e20f, 1e20f, -1e20f);
+    plant(in, 0, 1, 3, 20, 1e20f, 0.0f, 1e20f, 0.0f);
+    const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);  // no throw
+    const AttentionResult<R> mp = token_attention(clean.q.cast<R>(), clean.k.cast<R>(), clean.v.cast<R>(), opt);
+    IsaGuard guard;
+    for (const std::string& isa : cpu_fast::available_isas()) {
+      SCOPED_TRACE("isa " + isa);
+      cpu_fast::set_isa(isa);
+      AttentionResult<float> fast;
+      ASSERT_NO_THROW(fast = cpu_fast::token_attention(in.q, in.k, in.v, opt));
+      const AttentionResult<float> fast_clean = cpu_fast::token_attention(clean.q, clean.k, clean.v, opt);
+      EXPECT_TRUE(oasis::test::exactly_equal("out", fast.out, fast_clean.out));
+      EXPECT_TRUE(oasis::test::exactly_equal("lse", fast.lse, fast_clean.lse));
+      EXPECT_TRUE(oasis::test::exactly_equal("probs", fast.probs, fast_clean.probs));
+      const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
+      EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
+    }
+  }
+}
+
+// A -inf bias does not hide an overflowed score: the reference forms scale * q.k + b = +inf - inf
+// = NaN and rejects the row, and so must every variant.
+TEST(CpuFastOverflow, OverflowUnderAMaskingBiasThrowsLikeReference) {
+  for (const OverflowMode& m : overflow_modes()) {
+    OverflowInputs in = overflow_inputs(7108);
+    plant(in, 1, 0, 60, 70, 1e20f, 0.0f, 1e20f, 0.0f);
+    AttentionOptions opt = options_of(m);
+    opt.bias = Tensor<double>({2, 2, 70, 150});
+    opt.bias(1, 0, 60, 70) = -std::numeric_limits<double>::infinity();
+    expect_scores_rejected(in, opt, mode_name(m));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -57,6 +58,17 @@ template <class R>
     }                                                                                                \
   } while (0)
 
+/// The additive bias of an attention instance: none, or float-exact N(0, 2^2) values of the given
+/// broadcast shape with -inf (masked keys) at a fraction of the entries and on every key of some
+/// query rows (fully masked rows).
+enum class BiasKind {
+  none,
+  tk,        ///< [Tq, Tk]
+  batch,     ///< [B, 1, Tq, Tk]
+  head,      ///< [1, H, Tq, Tk]
+  full,      ///< [B, H, Tq, Tk]
+};
+
 /// One attention instance of the parity tests.
 struct AttentionCase {
   std::string name;
@@ -68,9 +80,22 @@ struct AttentionCase {
   double q_scale = 1.0;       ///< multiplies q: large values give extreme logits
   double null_scale = 2.0;    ///< spread of the null logits
   bool probs = true;
+  index_t window = 0;         ///< sliding window (0: none)
+  BiasKind bias = BiasKind::none;
+  double bias_masked = 0.2;   ///< fraction of -inf bias entries
+  index_t bias_masked_rows = 2;  ///< query rows whose bias is -inf at every key
+  AttentionLayout layout = AttentionLayout::bhtd;
 };
 
 inline std::vector<AttentionCase> attention_cases() {
+  using L = AttentionLayout;
+  using BK = BiasKind;
+  auto with = [](AttentionCase c, index_t window, BiasKind bias, AttentionLayout layout) {
+    c.window = window;
+    c.bias = bias;
+    c.layout = layout;
+    return c;
+  };
   return {
       {"gqa_causal_padded_d64", 2, 4, 2, 40, 40, 64, 64, RowNorm::softmax1, true, {40, 17}, true},
       {"decode_block_d128", 1, 2, 1, 5, 70, 128, 128, RowNorm::softmax1, true, {}, true},
@@ -81,6 +106,21 @@ inline std::vector<AttentionCase> attention_cases() {
       {"odd_head_sizes", 2, 3, 3, 19, 37, 24, 40, RowNorm::softmax1, false, {37, 5}, true},
       {"mixed_head_sizes", 1, 2, 2, 9, 50, 128, 64, RowNorm::softmax1, false, {}, false},
       {"padding_softmax", 2, 2, 1, 12, 45, 64, 64, RowNorm::softmax, false, {5, 0}, false},
+      // sliding windows (SPEC §8): one key; the band across key tiles (tiles outside it skipped)
+      // with padding and Tq != Tk, so some rows are fully masked; wider than every row (= causal)
+      with({"window1_gqa_bthd", 1, 4, 2, 20, 20, 64, 64, RowNorm::softmax1, false, {}, true}, 1, BK::none, L::bthd),
+      with({"window_padded_tq_ne_tk", 2, 2, 1, 21, 90, 64, 32, RowNorm::softmax, false, {90, 60}, false}, 20,
+           BK::none, L::bhtd),
+      with({"window_wider_than_rows", 1, 2, 2, 30, 40, 32, 32, RowNorm::softmax1, true, {}, true}, 100, BK::none,
+           L::bhtd),
+      // additive bias with -inf masks and rows masked at every key (fully masked by the bias)
+      with({"bias_masked_rows_softmax1", 2, 2, 1, 24, 40, 64, 64, RowNorm::softmax1, false, {}, true}, 0,
+           BK::batch, L::bhtd),
+      with({"bias_masked_rows_softmax", 1, 2, 2, 24, 40, 64, 64, RowNorm::softmax, true, {}, false}, 0, BK::full,
+           L::bhtd),
+      // everything at once, GQA in [B, T, H, d]
+      with({"bias_window_gqa_bthd", 2, 4, 2, 18, 50, 64, 48, RowNorm::softmax1, true, {50, 33}, true}, 13, BK::tk,
+           L::bthd),
   };
 }
 
@@ -109,7 +149,42 @@ inline AttentionInputs make_inputs(const AttentionCase& c, std::uint64_t salt) {
   if (c.null_logits)
     for (index_t h = 0; h < c.H; ++h)
       in.opt.null_logits.push_back(static_cast<double>(static_cast<float>(c.null_scale * nd(rng))));
+  in.opt.window = c.window;
+  if (c.bias != BiasKind::none) {
+    const index_t bb = c.bias == BiasKind::batch || c.bias == BiasKind::full ? c.B : 1;
+    const index_t bh = c.bias == BiasKind::head || c.bias == BiasKind::full ? c.H : 1;
+    Tensor<double> bias = c.bias == BiasKind::tk ? Tensor<double>({c.Tq, c.Tk}) : Tensor<double>({bb, bh, c.Tq, c.Tk});
+    std::uniform_real_distribution<double> ud(0.0, 1.0);
+    for (index_t i = 0; i < bias.size(); ++i)
+      bias[i] = ud(rng) < c.bias_masked ? -std::numeric_limits<double>::infinity()
+                                        : static_cast<double>(static_cast<float>(2.0 * nd(rng)));
+    for (index_t r = 0; r < c.bias_masked_rows; ++r) {  // rows of the [.., Tq, Tk] slices masked at every key
+      const index_t slice = static_cast<index_t>(ud(rng) * static_cast<double>(bias.size() / (c.Tq * c.Tk)));
+      const index_t t = static_cast<index_t>(ud(rng) * static_cast<double>(c.Tq));
+      for (index_t j = 0; j < c.Tk; ++j) bias[(slice * c.Tq + t) * c.Tk + j] = -std::numeric_limits<double>::infinity();
+    }
+    in.opt.bias = std::move(bias);
+  }
+  if (c.layout == AttentionLayout::bthd) {
+    in.opt.layout = AttentionLayout::bthd;
+    in.q = swap_head_time(in.q);
+    in.k = swap_head_time(in.k);
+    in.v = swap_head_time(in.v);
+  }
   return in;
+}
+
+/// True if row (b, h, t) has no visible key: none in its key range, or every one masked by a -inf bias.
+inline bool fully_masked_row(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t h, index_t t) {
+  const KeyRange kr = visible_range(s, opt, b, t);
+  for (index_t j = kr.begin; j < kr.end; ++j)
+    if (!(std::isinf(attention_bias(opt, b, h, t, j)) && attention_bias(opt, b, h, t, j) < 0)) return false;
+  return true;
+}
+
+/// Element (b, h, t, c) of an output in the layout of `opt`.
+inline float out_at(const Tensor<float>& out, const AttentionOptions& opt, index_t b, index_t h, index_t t, index_t c) {
+  return opt.layout == AttentionLayout::bhtd ? out(b, h, t, c) : out(b, t, h, c);
 }
 
 }  // namespace oasis::test

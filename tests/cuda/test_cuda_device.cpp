@@ -31,45 +31,58 @@ struct DeviceArray {
   ~DeviceArray() { cudaFree(p); }
 };
 
-// The device entry point runs the same kernel as Backend::cuda: bitwise-equal results.
+// The device entry point runs the same kernel as Backend::cuda: bitwise-equal results (GQA,
+// causal, padding, null logits; and with a window, a bias with masked rows, in [B, T, H, d]).
 TEST(CudaDeviceApi, EqualsTheHostEntryPointBitwise) {
   OASIS_SKIP_WITHOUT_CUDA();
-  const AttentionCase c = attention_cases()[0];  // GQA, causal, padded, null logits
-  AttentionInputs in = make_inputs(c, 11);
-  in.opt.return_probs = false;
-  const AttentionResult<float> host = token_attention(Backend::cuda, in.q, in.k, in.v, in.opt);
-  DeviceArray<float> q(in.q.size()), k(in.k.size()), v(in.v.size()), out(host.out.size()), lse(host.lse.size()),
-      pn(host.p_null.size()), nulls(c.H), psi(static_cast<std::size_t>(c.B * c.Tq));
-  DeviceArray<int> lens(c.B);
-  std::vector<float> nl(in.opt.null_logits.begin(), in.opt.null_logits.end());
-  std::vector<int> kl(in.opt.key_lengths.begin(), in.opt.key_lengths.end());
-  cudaMemcpy(q.p, in.q.data(), in.q.size() * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(k.p, in.k.data(), in.k.size() * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(v.p, in.v.data(), in.v.size() * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(nulls.p, nl.data(), nl.size() * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(lens.p, kl.data(), kl.size() * sizeof(int), cudaMemcpyHostToDevice);
-  cuda::DeviceAttention a;
-  a.q = q.p; a.k = k.p; a.v = v.p;
-  a.shape = check_attention_args(in.q, in.k, in.v, in.opt);
-  a.null_logits = nulls.p;
-  a.causal = c.causal;
-  a.key_lengths = lens.p;
-  a.out = out.p; a.lse = lse.p; a.p_null = pn.p;
-  cuda::token_attention_device(a);
-  cuda::null_statistic_device(pn.p, c.B, c.H, c.Tq, psi.p);
-  AttentionResult<float> dev{Tensor<float>(host.out.shape()), Tensor<float>(host.lse.shape()),
-                             Tensor<float>(host.p_null.shape()), {}};
-  Tensor<float> dpsi({c.B, c.Tq});
-  ASSERT_EQ(cudaMemcpy(dev.out.data(), out.p, dev.out.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaMemcpy(dev.lse.data(), lse.p, dev.lse.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaMemcpy(dev.p_null.data(), pn.p, dev.p_null.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaMemcpy(dpsi.data(), psi.p, dpsi.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  EXPECT_TRUE(exactly_equal("out", dev.out, host.out));
-  EXPECT_TRUE(exactly_equal("lse", dev.lse, host.lse));
-  EXPECT_TRUE(exactly_equal("p_null", dev.p_null, host.p_null));
-  // psi: the same sequential sum over heads and division as oasis::null_statistic<float>.
-  EXPECT_TRUE(exactly_equal("psi", dpsi, null_statistic(host.p_null)));
-  EXPECT_TRUE(exactly_equal("psi(host)", cuda::null_statistic(host.p_null), null_statistic(host.p_null)));
+  for (const index_t ci : {0, 14}) {
+    const AttentionCase c = attention_cases()[static_cast<std::size_t>(ci)];
+    SCOPED_TRACE(c.name);
+    AttentionInputs in = make_inputs(c, 11);
+    in.opt.return_probs = false;
+    const AttentionResult<float> host = token_attention(Backend::cuda, in.q, in.k, in.v, in.opt);
+    std::vector<float> bias(static_cast<std::size_t>(in.opt.bias.size()));
+    for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(in.opt.bias[static_cast<index_t>(i)]);
+    DeviceArray<float> q(in.q.size()), k(in.k.size()), v(in.v.size()), out(host.out.size()), lse(host.lse.size()),
+        pn(host.p_null.size()), nulls(c.H), psi(static_cast<std::size_t>(c.B * c.Tq)), db(bias.size() + 1);
+    DeviceArray<int> lens(c.B);
+    std::vector<float> nl(in.opt.null_logits.begin(), in.opt.null_logits.end());
+    std::vector<int> kl(in.opt.key_lengths.begin(), in.opt.key_lengths.end());
+    cudaMemcpy(q.p, in.q.data(), in.q.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(k.p, in.k.data(), in.k.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(v.p, in.v.data(), in.v.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(nulls.p, nl.data(), nl.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(lens.p, kl.data(), kl.size() * sizeof(int), cudaMemcpyHostToDevice);
+    cudaMemcpy(db.p, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cuda::DeviceAttention a;
+    a.q = q.p; a.k = k.p; a.v = v.p;
+    a.layout = in.opt.layout;
+    a.shape = check_attention_args(in.q, in.k, in.v, in.opt);
+    a.null_logits = nl.empty() ? nullptr : nulls.p;
+    a.causal = c.causal;
+    a.key_lengths = kl.empty() ? nullptr : lens.p;
+    a.window = in.opt.window;
+    if (!bias.empty()) {
+      a.bias = db.p;
+      a.bias_shape = in.opt.bias.shape();
+    }
+    a.out = out.p; a.lse = lse.p; a.p_null = pn.p;
+    cuda::token_attention_device(a);
+    cuda::null_statistic_device(pn.p, c.B, c.H, c.Tq, psi.p);
+    AttentionResult<float> dev{Tensor<float>(host.out.shape()), Tensor<float>(host.lse.shape()),
+                               Tensor<float>(host.p_null.shape()), {}};
+    Tensor<float> dpsi({c.B, c.Tq});
+    ASSERT_EQ(cudaMemcpy(dev.out.data(), out.p, dev.out.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaMemcpy(dev.lse.data(), lse.p, dev.lse.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(dev.p_null.data(), pn.p, dev.p_null.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(dpsi.data(), psi.p, dpsi.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(exactly_equal("out", dev.out, host.out));
+    EXPECT_TRUE(exactly_equal("lse", dev.lse, host.lse));
+    EXPECT_TRUE(exactly_equal("p_null", dev.p_null, host.p_null));
+    // psi: the same sequential sum over heads and division as oasis::null_statistic<float>.
+    EXPECT_TRUE(exactly_equal("psi", dpsi, null_statistic(host.p_null)));
+    EXPECT_TRUE(exactly_equal("psi(host)", cuda::null_statistic(host.p_null), null_statistic(host.p_null)));
+  }
 }
 
 template <class T>

@@ -1,9 +1,9 @@
 // CUDA backend, host-only tests: they run without a GPU. They check the availability
 // report, argument validation (which runs before any device work, so every error names its
-// argument on any machine), and the fused kernel's per-row state machine
-// (src/cuda/online_softmax.hpp, the code the kernel runs) through a host simulation of the
-// kernel's tiling against the long double oracle. (The host's 16-bit conversions are the
-// library's, tested in tests/verify/test_tensor16.cpp.)
+// argument on any machine), and the fused kernel's tiling with its per-row state machine
+// (oasis/online_softmax.hpp, the code the kernel runs) through a host simulation against the long
+// double oracle. (The host's 16-bit conversions are the library's, tested in
+// tests/verify/test_tensor16.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "oasis/error_bounds.hpp"
 #include "oasis/instances.hpp"
 #include "oasis_test.hpp"
-#include "online_softmax.hpp"
+#include "oasis/online_softmax.hpp"
 #include "parity_rule.hpp"
 
 namespace oasis::test {
@@ -112,6 +112,19 @@ TEST(CudaValidation, DeviceEntryPointsCheckShapesAndPointers) {
   a.normalizer = RowNorm::clipped_softmax1;
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "normalizer");
   a.normalizer = RowNorm::softmax1;
+  a.window = -1;
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "window");
+  a.window = 2;
+  a.bias = &dummy;
+  a.bias_shape = {4, 5};  // Tk = 4
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "bias");
+  a.bias_shape = {2, 3, 4, 4};  // batch 2 against B = 1
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "bias");
+  a.bias_shape = {4, 4, 4};
+  EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "bias");
+  a.window = 0;
+  a.bias = nullptr;
+  a.bias_shape = {};
   a.dtype = DType::f64;
   EXPECT_EQ(thrown_argument([&] { cuda::token_attention_device(a); }), "dtype");
   EXPECT_EQ(thrown_argument([&] { cuda::null_statistic_device(nullptr, 1, 1, 1, nullptr); }), "p_null");
@@ -195,14 +208,18 @@ TEST(CudaValidation, PseudoQueryAndSublayerErrorsNameTheArgument) {
 
 // --- the fused kernel's row state machine, simulated on the host -----------------------------------
 
-/// The kernel's algorithm with its tiling (32 keys per tile), its per-row state functions and its
-/// operation order per row; `double_null` folds the null category in twice (a deliberate bug,
-/// to show that the parity rule detects it).
+/// The kernel's algorithm with its tiling (16-query blocks whose band of 32-key tiles starts at
+/// the first query's first visible key), its per-row state functions and its operation order per
+/// row; `double_null` folds the null category in twice (a deliberate bug, to show that the parity
+/// rule detects it).
 AttentionResult<float> simulate_fused(const AttentionInputs& in, bool double_null = false) {
-  using namespace cuda::detail;
   const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
   const bool s1 = in.opt.normalizer == RowNorm::softmax1;
   const float scale = in.opt.scale ? static_cast<float>(*in.opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
+  // the computation on [B, H, T, d] views; out is swapped back at the end
+  const bool bthd = in.opt.layout == AttentionLayout::bthd;
+  const Tensor<float> q = bthd ? swap_head_time(in.q) : in.q, k = bthd ? swap_head_time(in.k) : in.k,
+                      v = bthd ? swap_head_time(in.v) : in.v;
   AttentionResult<float> r{Tensor<float>({s.B, s.H, s.Tq, s.d_v}), Tensor<float>({s.B, s.H, s.Tq}),
                            Tensor<float>({s.B, s.H, s.Tq}), {}};
   const index_t group = s.H / s.H_kv;
@@ -211,91 +228,48 @@ AttentionResult<float> simulate_fused(const AttentionInputs& in, bool double_nul
     for (index_t h = 0; h < s.H; ++h) {
       const float sl = s1 ? (in.opt.null_logits.empty() ? 0.0f : static_cast<float>(in.opt.null_logits[static_cast<std::size_t>(h)]))
                           : -INFINITY;
+      const index_t len = in.opt.key_lengths.empty() ? s.Tk : in.opt.key_lengths[static_cast<std::size_t>(b)];
+      auto span = [&](index_t t) { return online::key_span<index_t>(len, in.opt.causal, in.opt.window, t, s.Tq, s.Tk); };
       for (index_t t = 0; t < s.Tq; ++t) {
-        const int len = in.opt.key_lengths.empty() ? static_cast<int>(s.Tk)
-                                                   : static_cast<int>(in.opt.key_lengths[static_cast<std::size_t>(b)]);
-        const int n = row_visible_keys(len, in.opt.causal, static_cast<int>(t), static_cast<int>(s.Tq), static_cast<int>(s.Tk));
-        OnlineRow row = online_start(s1, sl);
+        const online::KeySpan<index_t> vis = span(t);
+        const index_t band = span(t / 16 * 16).begin / 32 * 32;  // the block's first tile
+        online::State row = online::start(s1, sl);
         if (double_null && s1) row.l += 1.0f;
         std::fill(o.begin(), o.end(), 0.0f);
-        for (int j0 = 0; j0 < n; j0 += 32) {
-          const int jn = std::min(32, n - j0);
+        for (index_t j0 = band; j0 < vis.end; j0 += 32) {
+          if (j0 + 32 <= vis.begin) continue;  // no visible key of this row in the tile
           float tile_max = -INFINITY;
-          for (int jj = 0; jj < jn; ++jj) {
+          for (index_t jj = 0; jj < 32; ++jj) {
+            const index_t j = j0 + jj;
+            float& zj = z[static_cast<std::size_t>(jj)];
+            zj = -INFINITY;
+            if (j < vis.begin || j >= vis.end) continue;
             float acc = 0.0f;
-            for (index_t c = 0; c < s.d_h; ++c) acc = std::fma(in.q(b, h, t, c), in.k(b, h / group, j0 + jj, c), acc);
-            z[static_cast<std::size_t>(jj)] = acc * scale;
-            tile_max = std::max(tile_max, z[static_cast<std::size_t>(jj)]);
+            for (index_t c = 0; c < s.d_h; ++c) acc = std::fma(q(b, h, t, c), k(b, h / group, j, c), acc);
+            zj = acc * scale;
+            if (!in.opt.bias.empty()) zj += static_cast<float>(attention_bias(in.opt, b, h, t, j));
+            tile_max = std::max(tile_max, zj);
           }
-          const float corr = online_rescale(row, tile_max);
+          const float corr = online::rescale(row, tile_max);
           float sum = 0.0f;
-          for (int jj = 0; jj < jn; ++jj) sum += (p[static_cast<std::size_t>(jj)] = online_weight(z[static_cast<std::size_t>(jj)], row.m));
+          for (index_t jj = 0; jj < 32; ++jj)
+            sum += (p[static_cast<std::size_t>(jj)] = online::weight(z[static_cast<std::size_t>(jj)], row.m));
           row.l += sum;
           for (index_t c = 0; c < s.d_v; ++c) {
             float oc = o[static_cast<std::size_t>(c)] * corr;
-            for (int jj = 0; jj < jn; ++jj) oc = std::fma(p[static_cast<std::size_t>(jj)], in.v(b, h / group, j0 + jj, c), oc);
+            for (index_t jj = 0; jj < 32 && j0 + jj < s.Tk; ++jj)
+              oc = std::fma(p[static_cast<std::size_t>(jj)], v(b, h / group, j0 + jj, c), oc);
             o[static_cast<std::size_t>(c)] = oc;
           }
         }
-        const RowFinish f = online_finish(row, s1, sl);
+        const online::Finish f = online::finish(row, s1, sl);
         for (index_t c = 0; c < s.d_v; ++c) r.out(b, h, t, c) = o[static_cast<std::size_t>(c)] * f.inv;
         r.lse(b, h, t) = f.lse;
         r.p_null(b, h, t) = f.p_null;
       }
     }
+  if (bthd) r.out = swap_head_time(r.out);
   return r;
-}
-
-TEST(CudaOnlineRow, VisibleKeysMatchTheReference) {
-  for (index_t Tq : {1, 5, 9})
-    for (index_t Tk : {1, 4, 9, 13})
-      for (bool causal : {false, true}) {
-        const AttentionShape s{2, 1, 1, Tq, Tk, 1, 1};
-        AttentionOptions opt;
-        opt.causal = causal;
-        for (index_t len = 0; len <= Tk; ++len) {
-          opt.key_lengths = {len, Tk};
-          for (index_t t = 0; t < Tq; ++t)
-            EXPECT_EQ(cuda::detail::row_visible_keys(static_cast<int>(len), causal, static_cast<int>(t),
-                                                     static_cast<int>(Tq), static_cast<int>(Tk)),
-                      visible_keys(s, opt, 0, t))
-                << "Tq " << Tq << " Tk " << Tk << " causal " << causal << " len " << len << " t " << t;
-        }
-      }
-}
-
-TEST(CudaOnlineRow, EmptyRowsGiveTheDocumentedValuesExactly) {
-  using namespace cuda::detail;
-  for (float s : {0.0f, -3.5f, 41.0f}) {
-    const RowFinish f = online_finish(online_start(true, s), true, s);
-    EXPECT_EQ(f.inv, 1.0f);
-    EXPECT_EQ(f.lse, s);  // LSE1 = s + log 1
-    EXPECT_EQ(f.p_null, 1.0f);
-  }
-  const RowFinish f = online_finish(online_start(false, 0.0f), false, 0.0f);
-  EXPECT_EQ(f.inv, 0.0f);
-  EXPECT_TRUE(std::isinf(f.lse) && f.lse < 0);
-  EXPECT_EQ(f.p_null, 0.0f);
-}
-
-TEST(CudaOnlineRow, RescaleFromEmptySoftmaxStateIsZeroNotNaN) {
-  using namespace cuda::detail;
-  OnlineRow r = online_start(false, 0.0f);
-  EXPECT_EQ(online_rescale(r, 3.0f), 0.0f);
-  EXPECT_EQ(r.m, 3.0f);
-  EXPECT_EQ(r.l, 0.0f);
-  OnlineRow r1 = online_start(true, 2.0f);
-  EXPECT_EQ(online_rescale(r1, 1.0f), 1.0f);  // below the null logit: no change
-  EXPECT_EQ(r1.m, 2.0f);
-  EXPECT_EQ(r1.l, 1.0f);
-  // A tile whose scores are all -inf (masked, or overflowed towards -inf) changes nothing.
-  OnlineRow r2 = online_start(false, 0.0f);
-  EXPECT_EQ(online_rescale(r2, -INFINITY), 1.0f);
-  EXPECT_TRUE(std::isinf(r2.m) && r2.m < 0);
-  EXPECT_EQ(r2.l, 0.0f);
-  EXPECT_EQ(online_weight(-INFINITY, -INFINITY), 0.0f);
-  EXPECT_EQ(online_weight(-INFINITY, 5.0f), 0.0f);
-  EXPECT_EQ(online_weight(5.0f, 5.0f), 1.0f);
 }
 
 class SimulatedKernel : public ::testing::TestWithParam<AttentionCase> {};

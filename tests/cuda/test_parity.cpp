@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -22,7 +23,7 @@
 #include "attention_dispatch.hpp"
 #include "device_util.hpp"
 #include "oasis/cuda.hpp"
-#include "online_merge.hpp"
+#include "oasis/online_softmax.hpp"
 namespace oasis::io {
 inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
 }  // namespace oasis::io
@@ -47,22 +48,22 @@ const std::vector<Backend> kBackends = {Backend::cuda};
 const std::vector<Backend> kBackends = {Backend::reference, Backend::cpu_fast, Backend::cuda};
 #endif
 
-/// Exact outcomes of rows with no visible key: softmax1 out 0, p_null 1, LSE1 = s; plain softmax
-/// the documented zero (out 0, p_null 0, LSE -inf).
+/// Exact outcomes of rows with no visible key (none in the key range, or all masked by the bias):
+/// softmax1 out 0, p_null 1, LSE1 = s; plain softmax the documented zero (out 0, p_null 0, LSE -inf).
 ::testing::AssertionResult masked_rows_exact(const AttentionResult<float>& r, const AttentionInputs& in) {
   const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
   index_t rows = 0;
   for (index_t b = 0; b < s.B; ++b)
     for (index_t h = 0; h < s.H; ++h)
       for (index_t t = 0; t < s.Tq; ++t) {
-        if (visible_keys(s, in.opt, b, t) > 0) continue;
+        if (!fully_masked_row(s, in.opt, b, h, t)) continue;
         ++rows;
         const bool s1 = in.opt.normalizer == RowNorm::softmax1;
         const float sl = in.opt.null_logits.empty() ? 0.0f : static_cast<float>(in.opt.null_logits[static_cast<std::size_t>(h)]);
         for (index_t c = 0; c < s.d_v; ++c)
-          if (r.out(b, h, t, c) != 0.0f)
+          if (out_at(r.out, in.opt, b, h, t, c) != 0.0f)
             return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") out[" << c
-                                                 << "] = " << r.out(b, h, t, c);
+                                                 << "] = " << out_at(r.out, in.opt, b, h, t, c);
         const float want_pn = s1 ? 1.0f : 0.0f;
         const float want_lse = s1 ? sl : -std::numeric_limits<float>::infinity();
         if (r.p_null(b, h, t) != want_pn || r.lse(b, h, t) != want_lse)
@@ -139,13 +140,26 @@ TEST_P(BackendParity, LongSequence8kKeys) {
 // drawn over the kernels' tiling edges — Tq not a multiple of the 16-query block, Tk not a
 // multiple of the 32-key tile, head sizes 1..128 on both sides of the 64/128 tiles, d_v != d_h,
 // GQA groups, bottom-right causal with Tq > Tk, padding lengths 0..Tk (fully masked rows), both
-// normalisers, null logits, extreme logits (q scaled by 40). Oracle: long double (u = 2^-64);
-// rule: parity_rule.hpp. Fully masked rows must be exact.
+// normalisers, null logits, extreme logits (q scaled by 40), sliding windows from 1 key to wider
+// than the row, an additive bias of each broadcast shape with -inf masks and fully masked rows,
+// both layouts. Oracle: long double (u = 2^-64); rule: parity_rule.hpp. Fully masked rows must
+// be exact.
 std::string random_case_violation(Backend backend, const AttentionInputs& in) {
   const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
   for (const ::testing::AssertionResult& r : attention_parity<long double>(got, in))
     if (!r) return r.message();
   return "";
+}
+
+const char* bias_name(BiasKind k) {
+  switch (k) {
+    case BiasKind::none: return "none";
+    case BiasKind::tk: return "[Tq,Tk]";
+    case BiasKind::batch: return "[B,1,Tq,Tk]";
+    case BiasKind::head: return "[1,H,Tq,Tk]";
+    case BiasKind::full: return "[B,H,Tq,Tk]";
+  }
+  return "?";
 }
 
 RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
@@ -165,6 +179,12 @@ RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor,
   c.null_logits = c.normalizer == RowNorm::softmax1 && *rc::gen::arbitrary<bool>();
   c.q_scale = *rc::gen::element(1.0, 8.0, 40.0);
   c.probs = *rc::gen::arbitrary<bool>();
+  if (*rc::gen::arbitrary<bool>()) c.window = *rc::gen::inRange<index_t>(1, c.Tk + 6);
+  c.bias = *rc::gen::element(BiasKind::none, BiasKind::none, BiasKind::tk, BiasKind::batch, BiasKind::head,
+                             BiasKind::full);
+  c.bias_masked = *rc::gen::element(0.0, 0.3, 0.9);
+  c.bias_masked_rows = *rc::gen::inRange<index_t>(0, 3);
+  c.layout = *rc::gen::element(AttentionLayout::bhtd, AttentionLayout::bthd);
   const AttentionInputs in = make_inputs(c, *rc::gen::inRange<std::uint64_t>(0, 1u << 30));
   int ran = 0;
   for (const Backend backend : kBackends) {
@@ -175,10 +195,14 @@ RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor,
       RC_FAIL(std::string(to_string(backend)) + " [B H H_kv Tq Tk d_h d_v] = [" + std::to_string(c.B) + " " +
               std::to_string(c.H) + " " + std::to_string(c.H_kv) + " " + std::to_string(c.Tq) + " " +
               std::to_string(c.Tk) + " " + std::to_string(c.d_h) + " " + std::to_string(c.d_v) + "] " +
-              std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + ": " + v);
+              std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + " window " +
+              std::to_string(c.window) + " bias " + bias_name(c.bias) + " " +
+              std::string(to_string(c.layout)) + ": " + v);
   }
   RC_ASSERT(ran > 0);  // a fast backend is always available (cpu_fast, or the emulated cuda)
   RC_TAG(std::string(to_string(c.normalizer)));
+  RC_TAG(c.window > 0 ? "window" : "no window");
+  RC_TAG(c.bias != BiasKind::none ? "bias" : "no bias");
 }
 
 // Invalid input gets the reference's error (same argument named) on every backend.
@@ -193,13 +217,35 @@ TEST_P(BackendParity, InvalidInputNamesTheArgument) {
   } catch (const invalid_argument& e) {
     EXPECT_EQ(e.argument(), "key_lengths") << e.what();
   }
-  in = make_inputs(attention_cases()[3], 2);  // softmax with fully masked rows
-  in.opt.masked_row = MaskedRow::error;
+  // softmax with rows fully masked by padding, by a window beyond the padding, by the bias
+  for (const char* name : {"fully_masked_rows_softmax", "window_padded_tq_ne_tk", "bias_masked_rows_softmax"}) {
+    const auto cs = attention_cases();
+    const auto c = std::find_if(cs.begin(), cs.end(), [&](const AttentionCase& x) { return x.name == name; });
+    ASSERT_NE(c, cs.end()) << name;
+    in = make_inputs(*c, 2);
+    in.opt.masked_row = MaskedRow::error;
+    try {
+      token_attention(backend, in.q, in.k, in.v, in.opt);
+      FAIL() << name << ": MaskedRow::error on a fully masked row did not throw";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "scores") << name << ": " << e.what();
+    }
+  }
+  in = make_inputs(attention_cases()[0], 3);
+  in.opt.window = -1;
   try {
     token_attention(backend, in.q, in.k, in.v, in.opt);
-    FAIL() << "MaskedRow::error on a fully masked row did not throw";
+    FAIL() << "a negative window was accepted";
   } catch (const invalid_argument& e) {
-    EXPECT_EQ(e.argument(), "scores") << e.what();
+    EXPECT_EQ(e.argument(), "window") << e.what();
+  }
+  in.opt.window = 0;
+  in.opt.bias = Tensor<double>({40, 39});  // Tk = 40
+  try {
+    token_attention(backend, in.q, in.k, in.v, in.opt);
+    FAIL() << "a bias of the wrong shape was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.argument(), "bias") << e.what();
   }
 }
 
@@ -253,7 +299,7 @@ TEST_P(RouteParity, WithinTwiceReferenceErrorPlusFloor) {
   const DepthRoute<float> got = attn_res_route(backend, sources, g_old, psi, c.kinds, c.opt);
   const DepthRoute<float> ref = attn_res_route(sources, g_old, psi, c.kinds, c.opt);
   const DepthRoute<R> hp = attn_res_route(sources.cast<R>(), g_old.cast<R>(), psi.cast<R>(), c.kinds, c.opt);
-  const bounds::DepthRouteBounds b = bounds::depth_route_bounds(sources, g_old, psi, c.kinds, c.opt, hp);
+  const bounds::DepthRouteBounds b = bounds::depth_route_bounds(sources, psi, c.kinds, c.opt, hp);
   OASIS_EXPECT_PARITY(within_twice_reference("h", got.h, ref.h, hp.h, b.h));
   OASIS_EXPECT_PARITY(within_twice_reference("alpha", got.alpha, ref.alpha, hp.alpha, b.alpha));
   OASIS_EXPECT_PARITY(within_twice_reference("alpha_null", got.alpha_null, ref.alpha_null, hp.alpha_null, b.alpha_null));
@@ -312,7 +358,7 @@ TEST_P(HalfInputParity, WithinTwiceReferenceErrorPlusFloor) {
 
 std::vector<AttentionCase> half_cases() {
   const std::vector<AttentionCase> all = attention_cases();
-  return {all[0], all[1], all[2], all[4], all[6]};
+  return {all[0], all[1], all[2], all[4], all[6], all[14]};  // all[14]: bias, window, GQA, bthd
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, HalfInputParity,
@@ -340,6 +386,12 @@ TEST(CudaPseudoQuery, WithinTwiceReferenceErrorPlusFloor) {
 }
 // --- CUDA only: the split-K and tensor-core kernels ------------------------------------------------
 
+/// The case in the [B, T, H, d] layout.
+AttentionCase in_bthd(AttentionCase c) {
+  c.layout = AttentionLayout::bthd;
+  return c;
+}
+
 /// An attention case run with an explicitly chosen kernel.
 struct KernelCase {
   AttentionCase c;
@@ -348,8 +400,8 @@ struct KernelCase {
 void PrintTo(const KernelCase& k, std::ostream* os) { *os << k.c.name; }
 
 // Split-K: GQA groups of 4 and 3 rows, row groups split over one kv head, padding lengths down to
-// 0, fully masked rows of both normalisers, extreme logits, more partial ranges than keys, and
-// prefill-sized row counts (20 groups of 4 rows).
+// 0, fully masked rows of both normalisers, extreme logits, more partial ranges than keys,
+// prefill-sized row counts (20 groups of 4 rows), the [B, T, H, d] layout.
 std::vector<KernelCase> split_cases() {
   using N = RowNorm;
   return {
@@ -361,6 +413,7 @@ std::vector<KernelCase> split_cases() {
       {{"extreme_logits", 1, 4, 2, 1, 513, 64, 64, N::softmax1, false, {}, true, 40.0, 60.0}, 7},
       {{"more_partials_than_keys", 1, 2, 2, 3, 10, 32, 32, N::softmax1, true, {}, true}, 8},
       {{"prefill_rows", 1, 2, 1, 40, 150, 64, 48, N::softmax1, true, {}, false}, 2},
+      {in_bthd({"decode_gqa4_bthd", 2, 8, 2, 1, 400, 64, 64, N::softmax1, true, {400, 150}, true}), 3},
   };
 }
 
@@ -455,9 +508,9 @@ cuda::detail::AttentionLaunch contiguous(const AttentionShape& s, const void* q,
 }
 
 /// The combine of split-K on the host, from the device's partial states: the null category's
-/// state first and the partials merged in key order (online_merge.hpp, as the combine kernel);
+/// state first and the partials merged in key order (online::merge, as the combine kernel);
 /// `null_per_partial` instead adds the null category once per partial, the mistake a split
-/// kernel makes when every partial starts from online_start(softmax1, s).
+/// kernel makes when every partial starts from online::start(softmax1, s).
 AttentionResult<float> combine_on_host(const AttentionShape& s, const AttentionOptions& opt, int P,
                                        const std::vector<float>& pm, const std::vector<float>& pl,
                                        const std::vector<float>& po, bool null_per_partial) {
@@ -469,19 +522,19 @@ AttentionResult<float> combine_on_host(const AttentionShape& s, const AttentionO
   for (index_t row = 0; row < s.B * s.H * s.Tq; ++row) {
     const index_t h = row / s.Tq % s.H;
     const float sl = !s1 ? -INFINITY : opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
-    OnlineRow st = online_start(s1, sl);
+    online::State st = online::start(s1, sl);
     std::fill(o.begin(), o.end(), 0.0f);
     for (int p = 0; p < P; ++p) {
       const std::size_t slot = static_cast<std::size_t>(row * P + p);
       if (null_per_partial && s1 && p > 0) {
-        const MergeFactors n = online_merge(st, online_start(true, sl));
-        for (float& x : o) x = merge_output(x, 0.0f, n);
+        const online::MergeFactors n = online::merge(st, online::start(true, sl));
+        for (float& x : o) x = online::merge_output(x, 0.0f, n);
       }
-      const MergeFactors f = online_merge(st, OnlineRow{pm[slot], pl[slot]});
+      const online::MergeFactors f = online::merge(st, online::State{pm[slot], pl[slot]});
       for (index_t c = 0; c < s.d_v; ++c)
-        o[static_cast<std::size_t>(c)] = merge_output(o[static_cast<std::size_t>(c)], po[slot * static_cast<std::size_t>(s.d_v) + static_cast<std::size_t>(c)], f);
+        o[static_cast<std::size_t>(c)] = online::merge_output(o[static_cast<std::size_t>(c)], po[slot * static_cast<std::size_t>(s.d_v) + static_cast<std::size_t>(c)], f);
     }
-    const RowFinish fin = online_finish(st, s1, sl);
+    const online::Finish fin = online::finish(st, s1, sl);
     for (index_t c = 0; c < s.d_v; ++c) r.out[row * s.d_v + c] = o[static_cast<std::size_t>(c)] * fin.inv;
     r.lse[row] = fin.lse;
     r.p_null[row] = fin.p_null;
@@ -540,7 +593,9 @@ TEST(SplitKeysParity, RuleRejectsTheNullCategoryAddedOncePerPartial) {
 // added to the output's floor. The cases cross the kernel's 64-query blocks and key tiles (64
 // keys for d <= 64, 32 for d <= 128), so rows are rescaled between tiles.
 std::vector<AttentionCase> tensor_core_cases() {
-  std::vector<AttentionCase> c = half_cases();
+  const std::vector<AttentionCase> all = attention_cases();
+  std::vector<AttentionCase> c = {all[0], all[1], all[2], all[4], all[6]};  // no window, no bias
+  c.push_back(in_bthd({"gqa_causal_bthd", 1, 4, 2, 70, 70, 64, 64, RowNorm::softmax1, true, {}, true}));
   c.push_back({"multi_block_tiles", 1, 4, 2, 80, 150, 64, 64, RowNorm::softmax1, true, {}, true, 1.0, 2.0, false});
   c.push_back({"multi_block_d128_softmax", 2, 2, 1, 70, 90, 128, 96, RowNorm::softmax, true, {90, 0}, false});
   return c;

@@ -13,7 +13,7 @@
 #include "oasis/error_bounds.hpp"
 #include "oasis/io/tensor16.hpp"
 #include "oasis_test.hpp"
-#include "online_softmax.hpp"
+#include "oasis/online_softmax.hpp"
 #include "parity_rule.hpp"
 #if defined(OASIS_CUDA_EMU)
 #include "oasis/cuda.hpp"
@@ -33,7 +33,6 @@ enum class Mistake {
 /// online softmax with the tile maximum, S += (sum of the tile's first half + sum of its second
 /// half) as the two lanes of a row add them, O rescaled, O += P^ V in key order; out = O / S.
 AttentionResult<float> simulate_tensor_cores(const AttentionInputs& in, io::DType dtype, Mistake mistake) {
-  using namespace cuda::detail;
   const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
   const bool s1 = in.opt.normalizer == RowNorm::softmax1;
   const int BK = s.d_h <= 64 && s.d_v <= 64 ? 64 : 32;
@@ -50,8 +49,8 @@ AttentionResult<float> simulate_tensor_cores(const AttentionInputs& in, io::DTyp
       for (index_t t = 0; t < s.Tq; ++t) {
         const int len = in.opt.key_lengths.empty() ? static_cast<int>(s.Tk)
                                                    : static_cast<int>(in.opt.key_lengths[static_cast<std::size_t>(b)]);
-        const int n = row_visible_keys(len, in.opt.causal, static_cast<int>(t), static_cast<int>(s.Tq), static_cast<int>(s.Tk));
-        OnlineRow st = online_start(s1, sl);
+        const int n = online::key_span<int>(len, in.opt.causal, 0, static_cast<int>(t), static_cast<int>(s.Tq), static_cast<int>(s.Tk)).end;
+        online::State st = online::start(s1, sl);
         std::fill(o.begin(), o.end(), 0.0f);
         for (int j0 = 0; j0 < n; j0 += BK) {  // tiles past the row's last key change nothing
           float tile_max = -INFINITY;
@@ -65,15 +64,15 @@ AttentionResult<float> simulate_tensor_cores(const AttentionInputs& in, io::DTyp
             z[static_cast<std::size_t>(jj)] = x;
             tile_max = std::max(tile_max, x);
           }
-          const float corr = online_rescale(st, tile_max);
+          const float corr = online::rescale(st, tile_max);
           float half_sum[2] = {0.0f, 0.0f};
           for (int jj = 0; jj < BK; ++jj) {
-            const float p = online_weight(z[static_cast<std::size_t>(jj)], st.m);
+            const float p = online::weight(z[static_cast<std::size_t>(jj)], st.m);
             half_sum[jj < BK / 2 ? 0 : 1] += p;
             ph[static_cast<std::size_t>(jj)] = static_cast<float>(io::round_to_dtype(p, dtype));
           }
           st.l += half_sum[0] + half_sum[1];
-          if (mistake == Mistake::null_per_tile && s1 && j0 > 0) st.l += online_weight(sl, st.m);
+          if (mistake == Mistake::null_per_tile && s1 && j0 > 0) st.l += online::weight(sl, st.m);
           for (index_t c = 0; c < s.d_v; ++c) {
             float oc = mistake == Mistake::no_rescale ? o[static_cast<std::size_t>(c)] : o[static_cast<std::size_t>(c)] * corr;
             for (int jj = 0; jj < BK && j0 + jj < n; ++jj)
@@ -81,7 +80,7 @@ AttentionResult<float> simulate_tensor_cores(const AttentionInputs& in, io::DTyp
             o[static_cast<std::size_t>(c)] = oc;
           }
         }
-        const RowFinish f = online_finish(st, s1, sl);
+        const online::Finish f = online::finish(st, s1, sl);
         for (index_t c = 0; c < s.d_v; ++c) r.out(b, h, t, c) = o[static_cast<std::size_t>(c)] * f.inv;
         r.lse(b, h, t) = f.lse;
         r.p_null(b, h, t) = f.p_null;

@@ -58,7 +58,7 @@ Tensor<double> from_heads(const Tensor<double>& x) {
 Tensor<double> normed_input(const om::Model<double>& m, const om::SublayerTrace<double>& tr, const std::string& gain) {
   const index_t B = tr.input.dim(0), Tn = tr.input.dim(1), d = tr.input.dim(2);
   const om::Rows<double> h{tr.input.reshaped({B * Tn, d}), {}};
-  return om::rms_norm(h, m.param(gain), oasis::KeyNormOptions{m.config().norm_eps, false}, om::ErrorModel{})
+  return om::rms_norm(h, m.param(gain), m.config().norm_options(), om::ErrorModel{})
       .x.reshaped({B, Tn, d});
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <string>
 
@@ -82,11 +83,11 @@ TEST(ModelIo, MissingMisShapedNonFiniteAndUnexpectedTensorsAreNamed) {
   oio::TensorMap extra = good;
   extra["layers.9.attn.q_proj.weight"] = oio::StoredTensor{oio::DType::f64, Tensor<double>({2, 2})};
   EXPECT_EQ(write_and_load(extra), "layers.9.attn.q_proj.weight");
-  // A configuration field missing from the metadata is named too.
+  // The one configuration field without a default is named when missing.
   auto m2 = meta;
-  m2.erase("oasis.d_model");
+  m2.erase("oasis.n_heads");
   oio::write_safetensors(path, good, m2);
-  EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "oasis.d_model");
+  EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "oasis.n_heads");
   std::remove(path.c_str());
 }
 
@@ -105,5 +106,50 @@ TEST(ModelIo, RenameMapsExternalNames) {
   const auto back = om::load_model<double>(c, path, rename);
   for (const auto& [name, t] : m.parameters()) EXPECT_TRUE(exactly_equal(name, back.param(name), t));
   EXPECT_EQ(thrown_argument([&] { om::load_model<double>(c, path); }), "embed_tokens.weight");  // no rename: missing
+  std::remove(path.c_str());
+}
+
+// A hand-written file needs only the keys that differ from the defaults: the sizes come from the
+// tensor shapes, every convention from ModelConfig's defaults (docs/model.md); an unknown
+// "oasis." key is an error listing the known ones, a malformed value names its key.
+TEST(ModelIo, MetadataNeedsOnlyWhatDiffersFromTheDefaults) {
+  om::ModelConfig c = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  c.block_sizes = {2, 2, 1, 1};
+  c.n_kv_heads = 1;
+  c.d_head = 6;
+  c.norm_float32 = true;
+  c.key_norm_gain = true;
+  const auto m = random_model<double>(c, 800);
+  const std::string path = temp_path("minimal");
+  oio::TensorMap t;
+  for (const auto& [name, v] : m.parameters()) t[name] = oio::StoredTensor{oio::DType::f64, v};
+  const std::map<std::string, std::string> minimal = {
+      {"oasis.n_heads", "2"}, {"oasis.router", "kimi_block"}, {"oasis.block_sizes", "2,2,1,1"}, {"oasis.authors_rank", "4"},
+      {"oasis.norm_float32", "1"}, {"oasis.key_norm_gain", "1"}, {"format", "pt"}};  // a foreign key is ignored
+  oio::write_safetensors(path, t, minimal);
+  const auto back = om::load_model<double>(path);
+  EXPECT_EQ(om::config_metadata(back.config()), om::config_metadata(c));  // sizes 11, 8, 3 blocks, d_ff 12, H_kv 1, d_h 6
+  for (const auto& [name, v] : m.parameters()) EXPECT_TRUE(exactly_equal(name, back.param(name), v));
+  // save_model writes every key, and block_sizes round-trips
+  om::save_model(m, path);
+  EXPECT_EQ(om::load_model<double>(path).config().block_sizes, c.block_sizes);
+  auto with = [&](const std::string& k, const std::string& v) {
+    auto md = minimal;
+    md[k] = v;
+    oio::write_safetensors(path, t, md);
+    try {
+      om::load_model<double>(path);
+    } catch (const oasis::invalid_argument& e) {
+      return std::make_pair(e.argument(), std::string(e.what()));
+    }
+    return std::make_pair(std::string("(no error)"), std::string());
+  };
+  auto [arg, what] = with("oasis.rope_layout", "interleaved");
+  EXPECT_EQ(arg, "oasis.rope_layout");
+  EXPECT_NE(what.find("oasis.rope,"), std::string::npos) << what;
+  EXPECT_EQ(with("oasis.block_sizes", "2,x").first, "oasis.block_sizes");
+  EXPECT_EQ(with("oasis.block_sizes", "2,2,1").first, "block_sizes");  // sums to 5, the model has 6 sublayers
+  EXPECT_EQ(with("oasis.norm_float32", "yes").first, "oasis.norm_float32");
+  EXPECT_EQ(with("oasis.format", "oasis-model-9").first, "oasis.format");
   std::remove(path.c_str());
 }

@@ -66,6 +66,11 @@ std::vector<Case> cases() {
   f32.key_norm.eps = 1e-5;
   f32.key_norm_gain = true;
   out.push_back({"kimi_block/oasis key norm in float32 eps 1e-5", f32});
+  om::ModelConfig n32 = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  n32.norm_float32 = true;
+  n32.qk_norm = true;
+  n32.block_sizes = {2, 2, 1, 1};
+  out.push_back({"kimi_block 2,2,1,1/oasis every norm in float32, q/k norm", n32});
   om::ModelConfig p = tiny(Variant::oasis, om::RouterFamily::authors_code, 2);
   p.psi_estimator = om::PsiEstimator::p_null;
   out.push_back({"authors_code/oasis p_null estimator", p});

@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "oasis/io/dtype.hpp"
 #include "oasis/model/decode.hpp"
 #include "oasis/model/model.hpp"
+#include "oasis/model/wiring.hpp"
 #include "model_test_util.hpp"
 #include "oasis_test.hpp"
 
@@ -452,6 +456,14 @@ TEST(ModelErrors, BadInputNamesTheArgument) {
   bad = c;
   bad.block_size = 0;
   EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "block_size");
+  bad = c;
+  bad.block_sizes = {2, 2};  // kimi_full has no blocks
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "block_sizes");
+  bad.router = om::RouterFamily::kimi_block;
+  bad.block_sizes = {2, 1};  // sums to 3, the model has 4 sublayers
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "block_sizes");
+  bad.block_sizes = {2, 0, 2};
+  EXPECT_EQ(thrown_argument([&] { bad.validate(); }), "block_sizes");
   EXPECT_EQ(thrown_argument([&] { om::parse_router_family("kimi"); }), "router");
   EXPECT_EQ(thrown_argument([&] { om::parse_readout("mean"); }), "readout");
   EXPECT_EQ(thrown_argument([&] { om::parse_rope_layout("neox"); }), "rope");
@@ -485,4 +497,167 @@ TEST(ModelStructure, TokenNormalizerOverridePassesThrough) {
       EXPECT_EQ(e.argument(), "error_bound");
     }
   }
+}
+
+// Uneven blocks (ModelConfig::block_sizes): 6 sublayers in blocks of 2, 2, 1, 1 route over
+// 1, 2, 2, 3, 3, 4 candidates and the readout over 5; uniform sizes equal block_size bit for bit.
+TEST(ModelStructure, UnevenBlocksFollowBlockSizes) {
+  om::ModelConfig c = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  c.block_sizes = {2, 2, 1, 1};
+  const auto m = random_model<double>(c, 50);
+  const auto r = m.forward(tokens(4, 50, c.vocab_size), 1, 4, {true});
+  ASSERT_EQ(r.trace.size(), 7u);
+  const std::vector<std::size_t> want = {1, 2, 2, 3, 3, 4, 5};
+  for (std::size_t l = 0; l < 7; ++l) EXPECT_EQ(r.trace[l].source_kinds.size(), want[l]) << r.trace[l].name;
+  // block 4 is layers.2.mlp alone: head-less, inheriting the psi of layers.2.attn
+  EXPECT_EQ(r.trace[6].source_kinds.back(), SourceKind::headless);
+  EXPECT_EQ(r.trace[6].source_names.back(), "block 4");
+  om::ModelConfig u = c;
+  u.block_sizes = {2, 2, 2};
+  om::ModelConfig s = c;
+  s.block_sizes.clear();
+  s.block_size = 2;
+  const auto ids = tokens(5, 51, c.vocab_size);
+  EXPECT_TRUE(exactly_equal("logits", random_model<double>(u, 52).forward(ids, 1, 5).logits,
+                            random_model<double>(s, 52).forward(ids, 1, 5).logits));
+}
+
+// The wiring (oasis/model/wiring.hpp) is what Model::run computes: every router candidate, its
+// kind and psi, every sublayer input and the readout state, recomputed from the traced outputs,
+// inputs and router outputs in the model's own order of operations, equal the trace bit for bit.
+TEST(ModelStructure, WiringIsWhatTheModelComputes) {
+  std::vector<om::ModelConfig> configs;
+  for (om::RouterFamily r : kRouters)
+    for (Variant v : {Variant::original, Variant::aos, Variant::oasis}) configs.push_back(tiny(v, r, 3));
+  om::ModelConfig uneven = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  uneven.block_sizes = {1, 3, 2};
+  uneven.readout = om::Readout::sum;
+  configs.push_back(uneven);
+  om::ModelConfig last = tiny(Variant::oasis, om::RouterFamily::kimi_full, 2);
+  last.readout = om::Readout::last;
+  last.coupling = oasis::CouplingOptions::paper_v2();
+  last.coupling->headless = oasis::HeadlessRule::no_evidence;
+  configs.push_back(last);
+  om::ModelConfig s3 = tiny(Variant::oasis, om::RouterFamily::kimi_block, 3);
+  s3.block_size = 3;
+  configs.push_back(s3);
+  for (const om::ModelConfig& c : configs) {
+    const std::string what = std::string(om::to_string(c.router)) + "/" + std::string(oasis::to_string(c.variant));
+    const auto m = random_model<double>(c, 60);
+    const index_t Tn = 4;
+    const auto ids = tokens(Tn, 60, c.vocab_size);
+    const auto r = m.forward(ids, 1, Tn, {true});
+    const om::ModelWiring w = om::model_wiring(c);
+    auto trace_of = [&](const std::string& name) -> const om::SublayerTrace<double>& {
+      for (const auto& t : r.trace)
+        if (t.name == name) return t;
+      throw std::runtime_error("no trace " + name);
+    };
+    const index_t N = Tn, d = c.d_model;
+    std::function<Tensor<double>(const om::WiredValue&)> value = [&](const om::WiredValue& v) -> Tensor<double> {
+      using K = om::WiredValue::Kind;
+      switch (v.kind) {
+        case K::embedding: return m.embed(ids, 1, Tn).x;
+        case K::output: return trace_of(w.sublayers[static_cast<std::size_t>(v.index)].name).output.reshaped({N, d});
+        case K::input: return trace_of(w.sublayers[static_cast<std::size_t>(v.index)].name).input.reshaped({N, d});
+        case K::routed: return trace_of(w.routers[static_cast<std::size_t>(v.index)].trace).routed.reshaped({N, d});
+        case K::sum: {
+          Tensor<double> acc = value(v.terms[0]);
+          for (std::size_t k = 1; k < v.terms.size(); ++k) {
+            const Tensor<double> b = value(v.terms[k]);
+            for (index_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + b[i];
+          }
+          return acc;
+        }
+      }
+      return {};
+    };
+    for (const om::WiredRouter& R : w.routers) {
+      const om::SublayerTrace<double>& tr = trace_of(R.trace);
+      ASSERT_TRUE(tr.has_route) << what << " " << R.trace;
+      ASSERT_EQ(tr.source_kinds.size(), R.candidates.size()) << what << " " << R.trace;
+      for (std::size_t i = 0; i < R.candidates.size(); ++i) {
+        const om::WiredCandidate& k = R.candidates[i];
+        EXPECT_EQ(tr.source_kinds[i], k.kind) << what << " " << R.trace << " candidate " << i;
+        const Tensor<double> v = value(k.value);
+        for (index_t j = 0; j < N * d; ++j)
+          ASSERT_EQ(tr.sources.ptr(static_cast<index_t>(i))[j], v[j]) << what << " " << R.trace << " candidate " << k.name;
+        if (!oasis::has_null_evidence(k.kind, c.coupling_or_default().headless)) continue;
+        for (index_t t = 0; t < N; ++t) {
+          double acc = 0;
+          for (index_t a : k.psi_from) acc += trace_of(w.sublayers[static_cast<std::size_t>(a)].name).branch_psi[t];
+          acc /= static_cast<double>(k.psi_from.size());
+          EXPECT_EQ(tr.psi.ptr(static_cast<index_t>(i))[t], acc) << what << " " << R.trace << " psi of " << k.name;
+        }
+      }
+    }
+    for (const om::WiredSublayer& S : w.sublayers) {
+      const Tensor<double> v = value(S.input);
+      for (index_t j = 0; j < N * d; ++j) ASSERT_EQ(trace_of(S.name).input[j], v[j]) << what << " input of " << S.name;
+    }
+    const Tensor<double> st = value(w.state);
+    for (index_t j = 0; j < N * d; ++j) ASSERT_EQ(r.state[j], st[j]) << what << " state";
+  }
+}
+
+// Storage rounding (ForwardOptions::store): every tensor handed from one step to the next is a
+// bfloat16 value; off, the forward is the plain one bit for bit; no error bound is derived for it.
+TEST(ModelStructure, StorageRoundingRoundsWhatIsHandedOn) {
+  for (om::RouterFamily rf : kRouters) {
+    const om::ModelConfig c = tiny(Variant::oasis, rf, 2);
+    const auto m = random_model<float>(c, 70);
+    const auto ids = tokens(4, 70, c.vocab_size);
+    om::ForwardOptions fo;
+    fo.trace = true;
+    fo.store = [](double x) { return oasis::io::round_to_dtype(x, oasis::io::DType::bf16); };
+    const auto r = m.forward(ids, 1, 4, fo);
+    auto is_bf16 = [](const Tensor<float>& t, const std::string& name) {
+      for (index_t i = 0; i < t.size(); ++i)
+        if (oasis::io::round_to_dtype(t[i], oasis::io::DType::bf16) != static_cast<double>(t[i]))
+          return ::testing::AssertionFailure() << name << "[" << i << "] = " << t[i] << " is not a bfloat16 value";
+      return ::testing::AssertionSuccess();
+    };
+    EXPECT_TRUE(is_bf16(r.logits, "logits"));
+    EXPECT_TRUE(is_bf16(r.state, "state"));
+    for (const auto& tr : r.trace) {
+      for (const auto* f : {&tr.sources, &tr.psi, &tr.routed, &tr.input, &tr.output, &tr.attn_q, &tr.attn_k, &tr.attn_v,
+                            &tr.attn_heads, &tr.branch_psi, &tr.p_null, &tr.lse, &tr.mlp_hidden})
+        EXPECT_TRUE(is_bf16(*f, tr.name)) << om::to_string(rf);
+    }
+    fo.store = nullptr;
+    EXPECT_TRUE(exactly_equal("logits", m.forward(ids, 1, 4, fo).logits, m.forward(ids, 1, 4).logits));
+    fo.store = [](double x) { return x; };
+    fo.error_u = oasis::unit_roundoff<float>();
+    try {
+      m.forward(ids, 1, 4, fo);
+      ADD_FAILURE() << "error bound with storage rounding accepted";
+    } catch (const oasis::invalid_argument& e) {
+      EXPECT_EQ(e.argument(), "error_u");
+    }
+  }
+}
+
+// Every RMSNorm in float32 (ModelConfig::norm_float32): a no-op for a float model; for a double
+// model the normalised rows are float values (the logits move by float rounding, not more).
+TEST(ModelStructure, Float32NormsAreEvaluatedInFloat) {
+  om::ModelConfig c = tiny(Variant::oasis, om::RouterFamily::kimi_full, 2);
+  c.qk_norm = true;
+  om::ModelConfig f = c;
+  f.norm_float32 = true;
+  const auto md = random_model<double>(c, 80);
+  om::Model<double> mf(f);
+  for (const auto& [name, t] : md.parameters()) mf.set_param(name, t);
+  const auto ids = tokens(5, 80, c.vocab_size);
+  EXPECT_TRUE(exactly_equal("logits", mf.cast<float>().forward(ids, 1, 5).logits, md.cast<float>().forward(ids, 1, 5).logits));
+  const auto a = md.forward(ids, 1, 5), b = mf.forward(ids, 1, 5);
+  double diff = 0, scale = 0;
+  for (index_t i = 0; i < a.logits.size(); ++i) {
+    diff = std::max(diff, std::abs(a.logits[i] - b.logits[i]));
+    scale = std::max(scale, std::abs(a.logits[i]));
+  }
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LT(diff, 1e-4 * scale);
+  const oasis::KeyNormOptions o = f.norm_options();
+  EXPECT_TRUE(o.compute_in_float32);
+  EXPECT_EQ(o.eps, f.norm_eps);
 }

@@ -133,31 +133,37 @@ def test_the_library_trace_passes_in_every_model_form(model_and_trace, tmp_path)
     m, trace = model_and_trace
     r = oasis.check_model(m, trace, ids=IDS)
     r.assert_ok()
-    # 5 routers x (alpha, alpha_null, g, dpsi, routed) + 2 attention sublayers x (attn_q, attn_k, attn_v,
-    # attn_heads, output, p_null, lse, branch_psi) + 2 MLPs x (mlp_hidden, output) + logits (from state)
-    assert len(r.rows) == 5 * 5 + 2 * 8 + 2 * 2 + 1 and not any(row["informative"] for row in r.rows)
+    # every tensor of the trace: 5 routers x (sources, psi, g_old, g, dpsi, alpha, alpha_null, routed)
+    # + 2 attention sublayers x (input, attn_q, attn_k, attn_v, p_null, lse, attn_heads, branch_psi, output)
+    # + 2 MLPs x (input, mlp_hidden, output) + state + logits
+    assert len(r.rows) == 5 * 8 + 2 * 9 + 2 * 3 + 2 and not any(row["informative"] for row in r.rows)
     m.save(tmp_path / "model.safetensors")
     assert oasis.check_model(tmp_path / "model.safetensors", trace, ids=IDS).to_json() == r.to_json()
     assert oasis.check_model(str(tmp_path / "model.safetensors"), dict(trace, ids=IDS)).to_json() == r.to_json()
     assert oasis.check_model((m.config, m.weights()), trace, ids=IDS).to_json() == r.to_json()
 
 
-def test_a_moved_step_output_fails_at_that_step_only(model_and_trace):
+def test_a_moved_step_output_fails_at_that_step_first(model_and_trace):
     m, trace = model_and_trace
     bad = dict(trace)
     bad["layers.0.mlp.output"] = trace["layers.0.mlp.output"].copy()
     bad["layers.0.mlp.output"][1, 2, 5] *= np.float32(1 + 1e-3)
     r = oasis.check_model(m, bad, ids=IDS)
     assert not r.passed
-    assert [row["name"] for row in r.rows if not row["passed"]] == ["layers.0.mlp.output"]
+    # the step, then the later routers whose candidate should be that output (links)
+    assert [row["name"] for row in r.rows if not row["passed"]] == [
+        "layers.0.mlp.output", "layers.1.attn.sources", "layers.1.mlp.sources", "final_res.sources"]
+    assert r.notes[0].startswith("first wrong step (forward order): layers.0.mlp.output")
     assert r["layers.0.mlp.output"]["first_mismatches"][0].startswith("layers.0.mlp.output[1, 2, 5]")
 
 
-def test_logits_alone_are_informative(model_and_trace):
+def test_logits_alone_get_the_end_to_end_verdict(model_and_trace):
     m, trace = model_and_trace
     r = oasis.check_model(m, {"logits": trace["logits"]}, ids=IDS)
-    assert r.passed and r["logits"]["informative"] and r["logits"]["passed"] is None
-    assert any("end-to-end: informative only" in n for n in r.notes)
+    assert r.passed and not r["logits"]["informative"] and r["logits"]["passed"] is True
+    assert any(n.startswith("logits: end-to-end verdict") for n in r.notes)
+    wrong = dict(logits=trace["logits"] * np.float32(1.001))
+    assert not oasis.check_model(m, wrong, ids=IDS).passed
 
 
 def test_model_config_defaults_and_fields():

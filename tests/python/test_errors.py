@@ -89,7 +89,8 @@ CASES = [
     ("negative ids", lambda: oasis.check_model(oasis.Model.initialized(MODEL_CFG, 1), {"logits": f32(1, 2, 11)}, ids=[[1, -2]]), "ids"),
     ("model type", lambda: oasis.check_model(42, {"logits": f32(1, 2, 11)}, ids=[[1, 2]]), "model"),
     ("missing file", lambda: oasis.check_model("/nonexistent/model.safetensors", {"logits": f32(1, 2, 11)}, ids=[[1, 2]]), "/nonexistent/model.safetensors"),
-    ("step input missing", lambda: oasis.check_model(oasis.Model.initialized(MODEL_CFG, 1), {"layers.0.mlp.mlp_hidden": f32(1, 2, 8)}, ids=[[1, 2]]), "layers.0.mlp.input"),
+    # the MLP's input is its router's output over the embedding and layers.0.attn.output, not in the trace
+    ("step input missing", lambda: oasis.check_model(oasis.Model.initialized(MODEL_CFG, 1), {"layers.0.mlp.mlp_hidden": f32(1, 2, 8)}, ids=[[1, 2]]), "layers.0.attn.output"),
     # the recorder
     ("record name", lambda: oasis.TraceRecorder().record("layers.0.attention.input", f32(1, 2, 8)), "layers.0.attention.input"),
     ("record rank", lambda: oasis.TraceRecorder().record("layers.0.attn.input", f32(2, 8)), "layers.0.attn.input"),

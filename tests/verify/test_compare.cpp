@@ -319,7 +319,7 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   sinks.emplace("sinks", io::StoredTensor{io::DType::f32, Tensor<double>({4})});
   io::write_safetensors(dir + "/sinks.safetensors", sinks);
   expect_error(R"({"op": "attention", "inputs": "sinks.safetensors", "outputs": "outputs.safetensors"})",
-               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits)");
+               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits, bias, mask)");
   // key_lengths of the wrong size: the oracle's own argument check names it
   expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "outputs.safetensors", "options": {"key_lengths": [1]}})",
                "key_lengths");
@@ -395,7 +395,15 @@ std::set<std::string> failing(const verify::CompareReport& r) {
 
 const char* kModelCfg = R"({"op": "model", "model": "model.safetensors", "inputs": "run.safetensors", "outputs": "run.safetensors"})";
 
-TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndInformativeWithoutIt) {
+/// The report's "first wrong step" note names this tensor.
+std::string first_wrong(const verify::CompareReport& r) {
+  const std::string tag = "first wrong step (forward order): ";
+  for (const auto& n : r.notes)
+    if (n.rfind(tag, 0) == 0) return n.substr(tag.size(), n.find(' ', tag.size()) - tag.size());
+  return "";
+}
+
+TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndEndToEndWithoutIt) {
   const om::ModelConfig cfg = small_model_config();
   const auto mf = om::Model<float>::initialized(cfg, 4242);
   const std::string dir = tmp_dir("model");
@@ -406,22 +414,21 @@ TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndInformativeWithou
   const om::ForwardResult<float> res = mf.forward(ids, B, Tn);
   io::TensorMap out{{"ids", {io::DType::f32, idt}}, {"logits", {io::DType::f32, res.logits.cast<double>()}}};
 
-  // logits alone: the whole forward in mp50, reported in ulps, no verdict (the end-to-end bound is vacuous)
+  // logits alone: the end-to-end verdict (row parity against the float and mp50 replays)
   io::write_safetensors(dir + "/run.safetensors", out);
   verify::CompareReport r = run_config(dir, kModelCfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
-  EXPECT_TRUE(find(r, "logits").informative);
+  EXPECT_FALSE(find(r, "logits").informative);
   EXPECT_GT(find(r, "logits").max_ulps, 0.0);  // the float model does not round the exact logits
-  EXPECT_NE(verify::format_report(r).find("end-to-end: informative only, no verdict; provide the trace for a verdict"),
-            std::string::npos) << verify::format_report(r);
-  EXPECT_NE(verify::report_json(r).find("\"passed\":null,\"informative\":true"), std::string::npos);
+  EXPECT_LT(find(r, "logits").worst_ratio, 1.0);
+  EXPECT_NE(verify::format_report(r).find("logits: end-to-end verdict"), std::string::npos) << verify::format_report(r);
 
-  // with the readout state: the head step (final RMSNorm + LM head) gives a verdict
+  // with the readout state: the head step (final RMSNorm + LM head) from it, the state end to end
   out.emplace("state", io::StoredTensor{io::DType::f32, res.state.cast<double>()});
   io::write_safetensors(dir + "/run.safetensors", out);
   r = run_config(dir, kModelCfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
-  EXPECT_FALSE(find(r, "logits").informative);
+  EXPECT_EQ(r.tensors.size(), 2u);
   EXPECT_LT(find(r, "logits").worst_ratio, 1.0);
 
   // The bound of logit [1, 3, 7]: 0.5 ulp + 2 e_head(row) with u = u_f32, e_head from the head
@@ -431,8 +438,7 @@ TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndInformativeWithou
   const om::ErrorModel em{io::dtype_eps(io::DType::f32) / 2};
   const index_t N = B * Tn, d = cfg.d_model, V = cfg.vocab_size, row = 1 * Tn + 3, flat = row * V + 7;
   const om::Rows<double> st{res.state.cast<double>().reshaped({N, d}), std::vector<double>(static_cast<std::size_t>(N), 0.0)};
-  const om::Rows<double> lg = om::linear(om::rms_norm(st, md.param("norm.weight"), oasis::KeyNormOptions{cfg.norm_eps, false}, em),
-                                         md.param(cfg.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight"), em);
+  const om::Rows<double> lg = md.head(st, em);
   const double rv = lg.x[flat];
   const double bound = 0.5 * io::dtype_ulp(io::DType::f32, rv) + 2.0 * lg.e.at(static_cast<std::size_t>(row));
   out.at("logits").values[flat] = io::round_to_dtype(rv - bound - 3.0 * io::dtype_ulp(io::DType::f32, rv), io::DType::f32);
@@ -441,12 +447,7 @@ TEST(VerifyCompare, ModelLogitsAreCheckedFromTheReadoutStateAndInformativeWithou
   EXPECT_FALSE(r.passed);
   EXPECT_EQ(find(r, "logits").violations, 1);
   EXPECT_EQ(find(r, "logits").first_mismatches.at(0).rfind("logits[1, 3, 7]", 0), 0u) << verify::format_report(r);
-  // the same moved logit without the state: informative, and the verdict ignores it
-  out.erase("state");
-  io::write_safetensors(dir + "/run.safetensors", out);
-  r = run_config(dir, kModelCfg);
-  EXPECT_TRUE(r.passed);
-  EXPECT_TRUE(find(r, "logits").informative);
+  EXPECT_EQ(first_wrong(r), "logits");
 
   // f64 weights, state and logits of the double model pass too
   om::save_model(md, dir + "/model.safetensors");
@@ -472,9 +473,10 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
   io::write_safetensors(dir + "/run.safetensors", full_trace(mf.forward(ids, B, Tn, fo), idt));
   const verify::CompareReport r = run_config(dir, kModelCfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
-  // per attention sublayer: q, k, v, heads, branch_psi, output; per MLP: hidden, output;
-  // 5 routing tensors per router (4 sublayers + final readout); logits
-  EXPECT_EQ(r.tensors.size(), 2u * 6u + 2u * 2u + 5u * 5u + 1u) << verify::format_report(r);
+  // every tensor of the trace is checked: per attention sublayer input, q, k, v, heads,
+  // branch_psi, output; per MLP input, hidden, output; 8 tensors per router (4 sublayers + final
+  // readout: sources, psi, g_old, g, dpsi, alpha, alpha_null, routed); state; logits
+  EXPECT_EQ(r.tensors.size(), 2u * 7u + 2u * 3u + 5u * 8u + 2u) << verify::format_report(r);
   for (const char* n : {"layers.1.attn.attn_q", "layers.1.attn.attn_heads", "layers.1.attn.branch_psi",
                         "layers.1.attn.output", "layers.1.mlp.mlp_hidden", "layers.1.mlp.output", "logits"}) {
     EXPECT_FALSE(find(r, n).informative) << n;
@@ -504,7 +506,9 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
   out.at("layers.1.mlp.output").values[moved] += 1e-4;
   io::write_safetensors(dir + "/run.safetensors", out);
   const verify::CompareReport r1 = run_config(dir, kModelCfg);
-  EXPECT_EQ(failing(r1), std::set<std::string>{"layers.1.mlp.output"}) << verify::format_report(r1);
+  // the final router's candidate is no longer that output: the link fails too, after it
+  EXPECT_EQ(failing(r1), (std::set<std::string>{"layers.1.mlp.output", "final_res.sources"})) << verify::format_report(r1);
+  EXPECT_EQ(first_wrong(r1), "layers.1.mlp.output");
   ASSERT_FALSE(find(r1, "layers.1.mlp.output").first_mismatches.empty());
   EXPECT_EQ(find(r1, "layers.1.mlp.output").first_mismatches.at(0).rfind("layers.1.mlp.output[1, 2, 5]", 0), 0u);
   // the whole sublayer from its input when the intermediate tensors are left out: passes; the
@@ -521,7 +525,10 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
   out.at("layers.0.mlp.output").values[moved] += 0.1;
   io::write_safetensors(dir + "/run.safetensors", out);
   const verify::CompareReport r3 = run_config(dir, kModelCfg);
-  EXPECT_EQ(failing(r3), std::set<std::string>{"layers.0.mlp.output"}) << verify::format_report(r3);
+  EXPECT_EQ(failing(r3), (std::set<std::string>{"layers.0.mlp.output", "layers.1.attn.sources", "layers.1.mlp.sources",
+                                                 "final_res.sources"}))
+      << verify::format_report(r3);
+  EXPECT_EQ(first_wrong(r3), "layers.0.mlp.output");
   ASSERT_FALSE(find(r3, "layers.0.mlp.output").first_mismatches.empty());
   EXPECT_EQ(find(r3, "layers.0.mlp.output").first_mismatches.at(0).rfind("layers.0.mlp.output[1, 2, 5]", 0), 0u);
   // the complete f64 trace of the double model (same weights, saved in f64) passes too
@@ -534,14 +541,20 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
     EXPECT_TRUE(r64.passed) << verify::format_report(r64);
     EXPECT_EQ(r64.tensors.size(), r.tensors.size());
   }
-  // a step output without its step input is an input error naming the input
+  // a step input the trace leaves out is the wired value: the MLP input is its router's output
+  out = full_trace(mf.forward(ids, B, Tn, fo), idt);
   out.erase("layers.0.mlp.input");
+  io::write_safetensors(dir + "/run.safetensors", out);
+  const verify::CompareReport r4 = run_config(dir, kModelCfg);
+  EXPECT_TRUE(r4.passed) << verify::format_report(r4);
+  // a step whose reads need a sublayer output the trace lacks is an input error naming it
+  out.erase("layers.0.attn.output");
   io::write_safetensors(dir + "/run.safetensors", out);
   try {
     run_config(dir, kModelCfg);
-    ADD_FAILURE() << "accepted an MLP output without its input";
+    ADD_FAILURE() << "accepted router candidates without the output they are";
   } catch (const oasis::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("layers.0.mlp.input"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layers.0.attn.output"), std::string::npos) << e.what();
   }
 }
 
@@ -564,7 +577,11 @@ TEST(VerifyCompare, ModelMistakeInOneSublayerIsNamedAtThatStep) {
     for (index_t i = 0; i < bp.size(); ++i) bp[i] = io::round_to_dtype(bp[i] * static_cast<double>(H), io::DType::f32);
     io::write_safetensors(dir + "/run.safetensors", out);
     const verify::CompareReport r = run_config(dir, kModelCfg);
-    EXPECT_EQ(failing(r), std::set<std::string>{"layers.0.attn.branch_psi"}) << verify::format_report(r);
+    // the step fails, and so does every later router's psi that should carry it
+    EXPECT_EQ(failing(r), (std::set<std::string>{"layers.0.attn.branch_psi", "layers.0.mlp.psi", "layers.1.attn.psi",
+                                                 "layers.1.mlp.psi", "final_res.psi"}))
+        << verify::format_report(r);
+    EXPECT_EQ(first_wrong(r), "layers.0.attn.branch_psi");
   }
   // (2) null logit left out of the LSE (plain softmax) in layers.1.attn: heads recomputed by the
   // library's float attention core with the softmax normaliser on the same q, k, v, then W_o
@@ -584,16 +601,24 @@ TEST(VerifyCompare, ModelMistakeInOneSublayerIsNamedAtThatStep) {
     out.at("layers.1.attn.output").values = o.x.cast<double>().reshaped({B, Tn, cfg.d_model});
     io::write_safetensors(dir + "/run.safetensors", out);
     const verify::CompareReport r = run_config(dir, kModelCfg);
-    // the core step fails; W_o applied to those heads is itself right, and so is everything else
-    EXPECT_EQ(failing(r), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.branch_psi"})) << verify::format_report(r);
+    // the core step fails; W_o applied to those heads is itself right; later routers whose
+    // candidates should be this output and psi fail their links
+    EXPECT_EQ(failing(r), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.branch_psi", "layers.1.mlp.sources",
+                                                 "layers.1.mlp.psi", "final_res.sources", "final_res.psi"}))
+        << verify::format_report(r);
+    EXPECT_EQ(first_wrong(r), "layers.1.attn.attn_heads");
     // with the implementation's p_null and LSE: those fail at the core too, while its branch psi
     // (the mean of its own p_null) is right given p_null
     out.emplace("layers.1.attn.p_null", io::StoredTensor{io::DType::f32, a.p_null.cast<double>()});
     out.emplace("layers.1.attn.lse", io::StoredTensor{io::DType::f32, a.lse.cast<double>()});
     io::write_safetensors(dir + "/run.safetensors", out);
     const verify::CompareReport rp = run_config(dir, kModelCfg);
-    EXPECT_EQ(failing(rp), (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.p_null", "layers.1.attn.lse"}))
+    std::set<std::string> in_sublayer;
+    for (const auto& n : failing(rp))
+      if (n.rfind("layers.1.attn.", 0) == 0) in_sublayer.insert(n);
+    EXPECT_EQ(in_sublayer, (std::set<std::string>{"layers.1.attn.attn_heads", "layers.1.attn.p_null", "layers.1.attn.lse"}))
         << verify::format_report(rp);
+    EXPECT_EQ(first_wrong(rp), "layers.1.attn.p_null");
   }
   // (3) RoPE layout swapped (interleaved pairs instead of rotate_half) by the implementation:
   // the projection step of every attention sublayer fails at q and k, nothing downstream
@@ -631,19 +656,21 @@ TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
   oasis::model::ForwardOptions fo;
   fo.trace = true;
   const auto res = mf.forward(ids, B, Tn, fo);
+  // the sublayer outputs and psi (what the routers read), the routing tensors of two routers, logits
   io::TensorMap out{{"ids", {io::DType::f32, idt}}, {"logits", {io::DType::f32, res.logits.cast<double>()}}};
   for (const auto& tr : res.trace) {
-    if (tr.name != "layers.0.attn" && tr.name != "layers.1.mlp") continue;
     auto put = [&](const std::string& f, const Tensor<float>& t) { out.emplace(tr.name + "." + f, io::StoredTensor{io::DType::f32, t.cast<double>()}); };
+    if (tr.kind != om::SublayerKind::readout) put("output", tr.output);
+    if (tr.kind == om::SublayerKind::attention) put("branch_psi", tr.branch_psi);
+    if (tr.name != "layers.0.attn" && tr.name != "layers.1.mlp") continue;
     put("sources", tr.sources); put("g_old", tr.g_old); put("psi", tr.psi); put("alpha", tr.alpha);
     put("alpha_null", tr.alpha_null); put("g", tr.g); put("dpsi", tr.dpsi); put("routed", tr.routed);
-    if (tr.name == "layers.0.attn") { put("p_null", tr.p_null); put("branch_psi", tr.branch_psi); }
   }
   io::write_safetensors(dir + "/run.safetensors", out);
   const std::string mcfg = R"({"op": "model", "model": "model.safetensors", "inputs": "run.safetensors", "outputs": "run.safetensors"})";
   verify::CompareReport r = run_config(dir, mcfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
-  EXPECT_EQ(r.tensors.size(), 1u + 5u + 5u + 1u) << verify::format_report(r);  // logits, 2 routers x 5, branch_psi
+  EXPECT_EQ(r.tensors.size(), 4u + 2u + 8u + 8u + 1u) << verify::format_report(r);  // outputs, psi, 2 routers x 8, logits
   // A routing weight of layers.1.mlp moved by 1e-3: that tensor fails, named with its index.
   out.at("layers.1.mlp.alpha").values[(2 * B + 1) * Tn + 3] += 1e-3;
   io::write_safetensors(dir + "/run.safetensors", out);
@@ -653,7 +680,8 @@ TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
   EXPECT_EQ(find(r, "layers.1.mlp.alpha").first_mismatches.at(0).rfind("layers.1.mlp.alpha[2, 1, 3]", 0), 0u)
       << verify::format_report(r);
   EXPECT_TRUE(find(r, "layers.0.attn.alpha").passed);
-  // Router outputs without the router's inputs: a clear input error naming what to provide.
+  EXPECT_EQ(first_wrong(r), "layers.1.mlp.alpha");
+  // Router weights without the router's inputs: a clear input error naming what to provide.
   out.erase("layers.1.mlp.g_old");
   io::write_safetensors(dir + "/run.safetensors", out);
   try {
@@ -663,4 +691,3 @@ TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
     EXPECT_NE(std::string(e.what()).find("layers.1.mlp.g_old"), std::string::npos) << e.what();
   }
 }
-

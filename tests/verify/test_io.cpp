@@ -209,7 +209,7 @@ TEST(VerifyIoMalformed, SafetensorsLyingShapesAndOffsets) {
 }
 
 TEST(VerifyIoMalformed, SafetensorsUnsupportedDtypes) {
-  EXPECT_TRUE(st_rejects(st_file(R"({"w":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype", "w"));
+  EXPECT_TRUE(st_rejects(st_file(R"({"w":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", 8), "unsupported dtype", "w"));
   EXPECT_TRUE(st_rejects(st_file(R"({"w":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", 8), "unsupported dtype", "w"));
   EXPECT_TRUE(st_rejects(st_file(R"({"w":{"dtype":"float32","shape":[2],"data_offsets":[0,8]}})", 8), "unknown dtype", "w"));
 }
@@ -272,7 +272,8 @@ TEST(VerifyIoMalformed, NpyAll) {
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999), }", 24),
                           "byte count"));
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24), "fortran_order"));
-  EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }", 24), "unsupported dtype"));
+  EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<i2', 'fortran_order': False, 'shape': (2, 3), }", 12), "unsupported dtype"));
+  EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<u4', 'fortran_order': False, 'shape': (2, 3), }", 24), "unsupported dtype"));
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", 24), "big-endian"));
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }", 12), "bf16.npy"));
   EXPECT_NO_THROW(io::parse_npy(npy_file("{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }", 12), "x.bf16.npy"));
@@ -282,4 +283,43 @@ TEST(VerifyIoMalformed, NpyAll) {
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<f4', 'fortran_order': Fals", 24), "malformed .npy header"));
   EXPECT_TRUE(npy_rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24, 7), "version"));
   EXPECT_THROW(io::write_npy(tmp_path("x.npy"), io::StoredTensor{io::DType::bf16, Tensor<double>({2})}), io::format_error);
+}
+
+// Token ids as integers: i32 and i64 in both formats round-trip exactly (negative values and the
+// largest exact i64 included); an i64 beyond 2^53 is rejected (no exact double); a non-integer or
+// out-of-range value is not written as an integer.
+TEST(VerifyIo, IntegerIdsRoundTripExactlyAndRejectInexactValues) {
+  const double big = io::kMaxExactInteger;
+  for (io::DType d : {io::DType::i32, io::DType::i64}) {
+    Tensor<double> v({2, 3});
+    const double top = d == io::DType::i32 ? 2147483647.0 : big;
+    const double vals[] = {0, 1, 31999, -7, top, d == io::DType::i32 ? -2147483648.0 : -big};
+    for (index_t i = 0; i < 6; ++i) v[i] = vals[i];
+    const io::StoredTensor t{d, v};
+    const std::string np = tmp_path(std::string("ids_") + std::string(io::to_string(d)) + ".npy");
+    io::write_npy(np, t);
+    const io::StoredTensor r = io::read_npy(np);
+    EXPECT_EQ(r.dtype, d);
+    EXPECT_EQ(r.values.shape(), v.shape());
+    for (index_t i = 0; i < 6; ++i) EXPECT_EQ(r.values[i], v[i]) << io::to_string(d) << " npy entry " << i;
+    const io::TensorMap m = io::parse_safetensors(io::serialize_safetensors({{"ids", t}}), "ids.safetensors");
+    EXPECT_EQ(m.at("ids").dtype, d);
+    for (index_t i = 0; i < 6; ++i) EXPECT_EQ(m.at("ids").values[i], v[i]) << io::to_string(d) << " safetensors entry " << i;
+    // not an integer, or out of the dtype's exact range: refused by both writers, naming the entry
+    for (double bad : {0.5, d == io::DType::i32 ? 2147483648.0 : 2.0 * big, std::nan("")}) {
+      v[2] = bad;
+      EXPECT_THROW(io::serialize_npy(io::StoredTensor{d, v}, "x.npy"), io::format_error) << bad;
+      EXPECT_THROW(io::serialize_safetensors({{"ids", io::StoredTensor{d, v}}}), oasis::invalid_argument) << bad;
+    }
+  }
+  // 2^53 + 1 as raw i64 bytes: rejected by both readers, naming the entry
+  std::string raw(8, '\0');
+  const std::uint64_t u = (std::uint64_t(1) << 53) + 1;
+  for (int i = 0; i < 8; ++i) raw[static_cast<std::size_t>(i)] = static_cast<char>((u >> (8 * i)) & 0xFF);
+  std::string npy = npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }", 0) + raw;
+  EXPECT_TRUE(npy_rejects(npy, "beyond 2^53"));
+  EXPECT_TRUE(st_rejects(st_file(R"({"ids":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 0) + raw, "beyond 2^53", "ids"));
+  EXPECT_EQ(io::parse_dtype("int64"), io::DType::i64);
+  EXPECT_TRUE(io::is_integer(io::DType::i32));
+  EXPECT_FALSE(io::is_integer(io::DType::bf16));
 }

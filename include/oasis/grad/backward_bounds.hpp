@@ -183,7 +183,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
   const RouteShape rs = check_route_shapes(sources, g_old, psi, kinds);
   check_depth_cotangents(rs, d);
   const index_t n = rs.n, N = rs.N, dim = rs.d;
-  const DepthRouteBounds fw = depth_route_bounds(sources, g_old, psi, kinds, opt, ref, g_old_err);
+  const DepthRouteBounds fw = depth_route_bounds(sources, psi, kinds, opt, ref, g_old_err);
   const Precision pr = Precision::of<T>();
   const double u = pr.u;
   const CouplingOptions& co = opt.coupling_options;

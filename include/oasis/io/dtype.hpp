@@ -10,6 +10,8 @@
 //   f32  (IEEE binary32)  f = 23, w = 8
 //   f64  (IEEE binary64)  f = 52, w = 11
 // eps(D) = 2^-f is the spacing of D at 1; the unit roundoff of D is eps(D)/2.
+// Integer tensors (i32, i64: token ids) are held as doubles too; an i64 value beyond 2^53 in
+// magnitude has no exact double and is rejected by the readers (exact_integer()).
 #pragma once
 
 #include <cmath>
@@ -27,6 +29,12 @@
 #include "oasis/tensor.hpp"
 
 namespace oasis::io {
+
+/// True for the integer dtypes (token ids); comparisons take floating-point tensors only.
+inline bool is_integer(DType d) { return d == DType::i32 || d == DType::i64; }
+
+/// Largest magnitude of an integer that every double holds exactly: 2^53.
+inline constexpr double kMaxExactInteger = 9007199254740992.0;
 
 /// A tensor as stored in a file: its dtype and its values widened exactly to double.
 struct StoredTensor {
@@ -57,19 +65,20 @@ class format_error : public ::oasis::invalid_argument {
 inline std::size_t dtype_size(DType d) {
   switch (d) {
     case DType::f16: case DType::bf16: return 2;
-    case DType::f32: return 4;
-    case DType::f64: return 8;
+    case DType::f32: case DType::i32: return 4;
+    case DType::f64: case DType::i64: return 8;
   }
   return 0;
 }
 
-/// Number of fraction (explicitly stored mantissa) bits.
+/// Number of fraction (explicitly stored mantissa) bits (0 for integers: spacing 1).
 inline int dtype_fraction_bits(DType d) {
   switch (d) {
     case DType::f16: return 10;
     case DType::bf16: return 7;
     case DType::f32: return 23;
     case DType::f64: return 52;
+    case DType::i32: case DType::i64: return 0;
   }
   return 0;
 }
@@ -80,6 +89,7 @@ inline int dtype_min_exponent(DType d) {
     case DType::f16: return -14;
     case DType::bf16: case DType::f32: return -126;
     case DType::f64: return -1022;
+    case DType::i32: case DType::i64: return 0;
   }
   return 0;
 }
@@ -90,6 +100,7 @@ inline double dtype_eps(DType d) { return std::ldexp(1.0, -dtype_fraction_bits(d
 /// ulp_D(x): spacing of D at |x| (2^(max(e, emin) - f) with e = floor(log2 |x|)); the
 /// subnormal spacing at 0. Used to express errors "in units of the tensor's precision".
 inline double dtype_ulp(DType d, double x) {
+  if (is_integer(d)) return 1.0;
   const int f = dtype_fraction_bits(d), emin = dtype_min_exponent(d);
   const double ax = std::fabs(x);
   int e = emin;
@@ -97,24 +108,28 @@ inline double dtype_ulp(DType d, double x) {
   return std::ldexp(1.0, e - f);
 }
 
-/// safetensors names: "F16", "BF16", "F32", "F64".
+/// safetensors names: "F16", "BF16", "F32", "F64", "I32", "I64".
 inline std::string_view safetensors_name(DType d) {
   switch (d) {
     case DType::f16: return "F16";
     case DType::bf16: return "BF16";
     case DType::f32: return "F32";
     case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
   }
   return "?";
 }
 
-/// Lower-case names used in reports and configuration files: "f16", "bf16", "f32", "f64".
+/// Lower-case names used in reports and configuration files: "f16", "bf16", "f32", "f64", "i32", "i64".
 inline std::string_view to_string(DType d) {
   switch (d) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
     case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
   }
   return "?";
 }
@@ -124,8 +139,10 @@ inline DType parse_dtype(std::string_view name) {
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "f32" || name == "float32") return DType::f32;
   if (name == "f64" || name == "float64") return DType::f64;
+  if (name == "i32" || name == "int32") return DType::i32;
+  if (name == "i64" || name == "int64") return DType::i64;
   throw ::oasis::invalid_argument("dtype", "unknown dtype '" + std::string(name) +
-                                               "' (expected f16, bf16, f32 or f64)");
+                                               "' (expected f16, bf16, f32, f64, i32 or i64)");
 }
 
 namespace detail {
@@ -193,6 +210,7 @@ inline double round_to_dtype(double x, DType d) {
     case DType::bf16: return bf16_bits_to_double(double_to_bf16_bits(x));
     case DType::f32: return static_cast<double>(static_cast<float>(x));
     case DType::f64: return x;
+    case DType::i32: case DType::i64: return std::nearbyint(x);
   }
   return x;
 }
@@ -218,8 +236,34 @@ inline double load_le(const unsigned char* p, DType d) {
       std::memcpy(&dv, &u, 8);
       return dv;
     }
+    case DType::i32: {
+      std::uint32_t u = 0;
+      for (int i = 3; i >= 0; --i) u = (u << 8) | p[i];
+      return static_cast<double>(static_cast<std::int32_t>(u));
+    }
+    case DType::i64: {  // exact only within 2^53: the readers check with exact_integer()
+      std::uint64_t u = 0;
+      for (int i = 7; i >= 0; --i) u = (u << 8) | p[i];
+      return static_cast<double>(static_cast<std::int64_t>(u));
+    }
   }
   return 0;
+}
+
+/// An i64 element read exactly: |v| <= 2^53 (every such integer is a double).
+inline bool exact_integer(const unsigned char* p, DType d) {
+  if (d != DType::i64) return true;
+  std::uint64_t u = 0;
+  for (int i = 7; i >= 0; --i) u = (u << 8) | p[i];
+  const std::int64_t v = static_cast<std::int64_t>(u);
+  return v >= -(std::int64_t(1) << 53) && v <= (std::int64_t(1) << 53);
+}
+
+/// An integer dtype holds only integers within its range (and within 2^53 for i64).
+inline bool storable_integer(double x, DType d) {
+  if (!std::isfinite(x) || x != std::floor(x)) return false;
+  if (d == DType::i32) return x >= -2147483648.0 && x <= 2147483647.0;
+  return std::fabs(x) <= kMaxExactInteger;
 }
 
 inline void store_le(double x, DType d, std::string& out) {
@@ -230,6 +274,8 @@ inline void store_le(double x, DType d, std::string& out) {
     case DType::bf16: u = double_to_bf16_bits(x); break;
     case DType::f32: { const float fv = static_cast<float>(x); std::uint32_t b; std::memcpy(&b, &fv, 4); u = b; break; }
     case DType::f64: std::memcpy(&u, &x, 8); break;
+    case DType::i32: u = static_cast<std::uint32_t>(static_cast<std::int32_t>(x)); break;
+    case DType::i64: u = static_cast<std::uint64_t>(static_cast<std::int64_t>(x)); break;
   }
   for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xFFu));
 }

@@ -6,7 +6,7 @@
 
 namespace oasis::io {
 
-/// Element type of a stored tensor and of the CUDA backend's inputs.
-enum class DType { f16, bf16, f32, f64 };
+/// Element type of a stored tensor (i32, i64: token ids) and of the CUDA backend's inputs (f32, f16, bf16).
+enum class DType { f16, bf16, f32, f64, i32, i64 };
 
 }  // namespace oasis::io

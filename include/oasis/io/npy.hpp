@@ -4,7 +4,8 @@
 // and 3.0), then an ASCII (3.0: UTF-8) Python dict literal
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 // padded with spaces and ending in '\n', then the raw data. Supported: little-endian C-order
-// arrays of '<f2', '<f4', '<f8'. NumPy has no bfloat16, so bf16 is stored as its raw 16 bits
+// arrays of '<f2', '<f4', '<f8', and the integers '<i4', '<i8' (token ids; an '<i8' entry beyond
+// 2^53 in magnitude has no exact double and is rejected). NumPy has no bfloat16, so bf16 is stored as its raw 16 bits
 // with descr '<u2' and the file name must end in ".bf16.npy" (the naming convention that says
 // how to read the bits; '<u2' under any other name is rejected, as is every other descr,
 // big-endian data and fortran_order True). The data must be exactly numel * itemsize bytes.
@@ -162,13 +163,16 @@ inline StoredTensor parse_npy(const std::string& bytes, const std::string& name)
   if (descr == "<f2") dt = DType::f16;
   else if (descr == "<f4") dt = DType::f32;
   else if (descr == "<f8") dt = DType::f64;
+  else if (descr == "<i4") dt = DType::i32;
+  else if (descr == "<i8") dt = DType::i64;
   else if (descr == "<u2" && detail::ends_with(name, ".bf16.npy")) dt = DType::bf16;
   else if (descr == "<u2")
     throw format_error(name, "", "dtype '<u2' is read as bfloat16 bits only from files named *.bf16.npy");
   else if (!descr.empty() && descr[0] == '>')
-    throw format_error(name, "", "big-endian dtype '" + descr + "' is not supported (use '<f2', '<f4' or '<f8')");
+    throw format_error(name, "", "big-endian dtype '" + descr + "' is not supported (use '<f2', '<f4', '<f8', '<i4' or '<i8')");
   else
-    throw format_error(name, "", "unsupported dtype '" + descr + "' (supported: '<f2', '<f4', '<f8', bf16 as '<u2' in *.bf16.npy)");
+    throw format_error(name, "", "unsupported dtype '" + descr +
+                                     "' (supported: '<f2', '<f4', '<f8', '<i4', '<i8', bf16 as '<u2' in *.bf16.npy)");
   const std::size_t isz = dtype_size(dt);
   const std::size_t data_bytes = bytes.size() - hstart - hlen;
   std::uint64_t numel = 0;
@@ -177,7 +181,11 @@ inline StoredTensor parse_npy(const std::string& bytes, const std::string& name)
                                      std::to_string(data_bytes) + " data bytes in the file (lying shape or truncated data)");
   std::vector<double> vals(static_cast<std::size_t>(numel));
   const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + hstart + hlen;
-  for (std::size_t i = 0; i < vals.size(); ++i) vals[i] = detail::load_le(p + i * isz, dt);
+  for (std::size_t i = 0; i < vals.size(); ++i) {
+    if (!detail::exact_integer(p + i * isz, dt))
+      throw format_error(name, "", "'<i8' entry " + std::to_string(i) + " lies beyond 2^53 in magnitude (not exact as a double)");
+    vals[i] = detail::load_le(p + i * isz, dt);
+  }
   return StoredTensor{dt, Tensor<double>(shape, std::move(vals))};
 }
 
@@ -187,7 +195,13 @@ inline StoredTensor read_npy(const std::string& path) { return parse_npy(detail:
 /// Serialise to .npy 1.0 bytes (header padded to a multiple of 64 bytes, as NumPy does).
 /// bf16 is written as '<u2' bits; `name` must then end in ".bf16.npy" so that it reads back.
 inline std::string serialize_npy(const StoredTensor& t, const std::string& name) {
-  const char* descr = t.dtype == DType::f16 ? "<f2" : t.dtype == DType::f32 ? "<f4" : t.dtype == DType::f64 ? "<f8" : "<u2";
+  const char* descr = t.dtype == DType::f16 ? "<f2" : t.dtype == DType::f32 ? "<f4" : t.dtype == DType::f64 ? "<f8"
+                    : t.dtype == DType::i32 ? "<i4" : t.dtype == DType::i64 ? "<i8" : "<u2";
+  if (is_integer(t.dtype))
+    for (index_t i = 0; i < t.values.size(); ++i)
+      if (!detail::storable_integer(t.values[i], t.dtype))
+        throw format_error(name, "", "entry " + std::to_string(i) + " is not an integer that " + std::string(to_string(t.dtype)) +
+                                         " holds exactly");
   if (t.dtype == DType::bf16 && !detail::ends_with(name, ".bf16.npy"))
     throw format_error(name, "", "bfloat16 .npy files must be named *.bf16.npy (raw '<u2' bits; see oasis/io/npy.hpp)");
   std::string shape = "(";

@@ -2,13 +2,14 @@
 //
 // Format (https://github.com/huggingface/safetensors): 8 bytes N (unsigned little-endian), then N
 // bytes of UTF-8 JSON, then the data buffer. The JSON object maps each tensor name to
-//   {"dtype": "F16"|"BF16"|"F32"|"F64", "shape": [d0, d1, ...], "data_offsets": [begin, end]}
+//   {"dtype": "F16"|"BF16"|"F32"|"F64"|"I32"|"I64", "shape": [d0, d1, ...], "data_offsets": [begin, end]}
 // (offsets relative to the start of the data buffer, little-endian C-order data) and may hold
 // "__metadata__": {string: string}. The reader is as strict as the reference implementation:
 // the header is a JSON object that starts with '{' and fits in the file, every tensor's byte
 // range is [begin, end) with end - begin = numel * itemsize, ranges do not overlap and together
-// cover the whole data buffer exactly (no holes, no trailing bytes). Any violation, and any other
-// dtype (I8, U8, F8_*, ...), throws oasis::io::format_error naming the file and the tensor.
+// cover the whole data buffer exactly (no holes, no trailing bytes); an I64 entry beyond 2^53 in
+// magnitude (not exact as a double) is rejected. Any violation, and any other dtype (I8, U8,
+// F8_*, ...), throws oasis::io::format_error naming the file and the tensor.
 // Sizes are checked against the file size before anything is allocated.
 #pragma once
 
@@ -31,12 +32,14 @@ inline DType parse_safetensors_dtype(const std::string& file, const std::string&
   if (s == "BF16") return DType::bf16;
   if (s == "F32") return DType::f32;
   if (s == "F64") return DType::f64;
-  static const char* known[] = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64",
+  if (s == "I32") return DType::i32;
+  if (s == "I64") return DType::i64;
+  static const char* known[] = {"BOOL", "U8", "I8", "I16", "U16", "U32", "U64",
                                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"};
   for (const char* k : known)
     if (s == k)
-      throw format_error(file, tensor, "unsupported dtype \"" + s + "\" (supported: F16, BF16, F32, F64)");
-  throw format_error(file, tensor, "unknown dtype \"" + s + "\" (supported: F16, BF16, F32, F64)");
+      throw format_error(file, tensor, "unsupported dtype \"" + s + "\" (supported: F16, BF16, F32, F64, I32, I64)");
+  throw format_error(file, tensor, "unknown dtype \"" + s + "\" (supported: F16, BF16, F32, F64, I32, I64)");
 }
 }  // namespace detail
 
@@ -144,7 +147,11 @@ inline TensorMap parse_safetensors(const std::string& bytes, const std::string& 
     const std::size_t numel = static_cast<std::size_t>((e.end - e.begin) / isz);
     std::vector<double> vals(numel);
     const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + data_start + e.begin;
-    for (std::size_t i = 0; i < numel; ++i) vals[i] = detail::load_le(p + i * isz, e.dtype);
+    for (std::size_t i = 0; i < numel; ++i) {
+      if (!detail::exact_integer(p + i * isz, e.dtype))
+        throw format_error(name, e.name, "I64 entry " + std::to_string(i) + " lies beyond 2^53 in magnitude (not exact as a double)");
+      vals[i] = detail::load_le(p + i * isz, e.dtype);
+    }
     out.emplace(e.name, StoredTensor{e.dtype, Tensor<double>(e.shape, std::move(vals))});
   }
   return out;
@@ -177,6 +184,10 @@ inline std::string serialize_safetensors(const TensorMap& tensors,
   std::uint64_t pos = 0;
   for (const auto& [tname, t] : tensors) {
     OASIS_REQUIRE(tname != "__metadata__", "tensors", "a tensor may not be named __metadata__");
+    if (is_integer(t.dtype))
+      for (index_t i = 0; i < t.values.size(); ++i)
+        OASIS_REQUIRE(detail::storable_integer(t.values[i], t.dtype), tname, "entry ", i, " = ", t.values[i],
+                      " is not an integer that ", to_string(t.dtype), " holds exactly");
     const std::uint64_t nbytes = static_cast<std::uint64_t>(t.values.size()) * dtype_size(t.dtype);
     header += (first ? "" : ",") + json::quote(tname) + ":{\"dtype\":\"" + std::string(safetensors_name(t.dtype)) +
               "\",\"shape\":[";

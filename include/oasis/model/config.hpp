@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "oasis/coupling.hpp"
 #include "oasis/depth.hpp"
@@ -69,6 +70,11 @@ struct ModelConfig {
   Variant variant = Variant::oasis;
   RouterFamily router = RouterFamily::kimi_full;
   index_t block_size = 2;   ///< S, sublayers per block (kimi_block only); S = 1 is Full AttnRes
+  /// Explicit block sizes (kimi_block only; empty: blocks of block_size, the last one possibly
+  /// shorter). Positive, summing to n_sublayers(); e.g. {2, 2, 1, 1} for 6 sublayers. A block may
+  /// start at an MLP sublayer (SPEC §4's "boundaries fall before attention sublayers" holds for even
+  /// uniform S); a block without an attention sublayer is head-less (docs/model.md).
+  std::vector<index_t> block_sizes;
   std::optional<Readout> readout;            ///< empty: final_attnres (kimi), last (authors_code), sum (original)
   /// Overrides the variant's token normaliser (any RowNorm of the core, e.g. baselines').
   std::optional<RowNorm> token_normalizer;
@@ -84,6 +90,9 @@ struct ModelConfig {
   RopeLayout rope = RopeLayout::rotate_half;
   double rope_theta = 10000.0;
   double norm_eps = 1e-6;            ///< eps of the pre-norms, the final norm and the q/k norms
+  /// Evaluate the pre-norms, the q/k norms and the final norm in float32 and cast back (PyTorch
+  /// code that upcasts norms whatever the model dtype); the depth key norm has its own flag.
+  bool norm_float32 = false;
   bool qk_norm = false;              ///< per-head RMSNorm of q and k before RoPE (Qwen3)
   KeyNormOptions key_norm{};         ///< depth-router key RMSNorm: eps (1e-6) and float32 evaluation
   bool key_norm_gain = false;        ///< learned gain of the depth key norm (init 1); false: none
@@ -104,6 +113,22 @@ struct ModelConfig {
   double theta_init = -5.0;          ///< beta = softplus(theta) ≈ 0.0067153 at init
 
   index_t n_sublayers() const { return 2 * n_blocks; }
+  /// Options of every RMSNorm but the depth key norm (pre-norms, q/k norms, final norm).
+  KeyNormOptions norm_options() const { return KeyNormOptions{norm_eps, norm_float32}; }
+  /// First sublayer of every depth block (kimi_block: block_sizes or blocks of block_size;
+  /// kimi_full: every sublayer), in order.
+  std::vector<index_t> block_starts() const {
+    std::vector<index_t> s;
+    const index_t L = n_sublayers();
+    if (router == RouterFamily::kimi_block && !block_sizes.empty()) {
+      index_t at = 0;
+      for (index_t k : block_sizes) { s.push_back(at); at += k; }
+    } else {
+      const index_t S = router == RouterFamily::kimi_block ? block_size : 1;
+      for (index_t at = 0; at < L; at += S) s.push_back(at);
+    }
+    return s;
+  }
   index_t kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   index_t head_dim() const { return d_head ? d_head : (n_heads ? d_model / n_heads : 0); }
   index_t authors_width() const {
@@ -145,6 +170,17 @@ struct ModelConfig {
     OASIS_REQUIRE(head_dim() % 2 == 0, "d_head", "RoPE needs an even head width, got ", head_dim());
     OASIS_REQUIRE(d_ff > 0, "d_ff", "must be positive, got ", d_ff);
     OASIS_REQUIRE(block_size >= 1, "block_size", "must be >= 1, got ", block_size);
+    if (!block_sizes.empty()) {
+      OASIS_REQUIRE(router == RouterFamily::kimi_block, "block_sizes", "belongs to the kimi_block router, not ",
+                    to_string(router));
+      index_t total = 0;
+      for (index_t k : block_sizes) {
+        OASIS_REQUIRE(k >= 1, "block_sizes", "every block needs at least one sublayer, got ", k);
+        total += k;
+      }
+      OASIS_REQUIRE(total == n_sublayers(), "block_sizes", "sum to ", total, " but the model has n_sublayers = 2 * n_blocks = ",
+                    n_sublayers());
+    }
     OASIS_REQUIRE(authors_rank >= 0, "authors_rank", "must be >= 0, got ", authors_rank);
     OASIS_REQUIRE(std::isfinite(rope_theta) && rope_theta > 1, "rope_theta", "must be finite and > 1");
     OASIS_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps", "must be finite and positive");

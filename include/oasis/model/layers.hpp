@@ -132,10 +132,24 @@ Rows<T> qlinear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em, con
   return linear(Rows<T>{fake_quantize(in.x, quant->activations), {}}, fake_quantize(W, quant->weights), em);
 }
 
+/// Storage rounding: a model that computes each step in T but stores the activations it hands to
+/// the next step in a narrower format (e.g. bfloat16) rounds them with this function
+/// (e.g. x -> oasis::io::round_to_dtype(x, bf16)); null: no rounding.
+using StoreFn = double (*)(double);
+
+/// Round every entry of x with the storage rounding f (nothing when f is null).
+template <class T>
+void store_values(Tensor<T>& x, StoreFn f) {
+  if (f)
+    for (index_t i = 0; i < x.size(); ++i) x[i] = T(f(to_double(x[i])));
+}
+
 /// Per-call options of the sublayers beyond the error model (defaults: the plain model).
 struct SublayerOptions {
   const WAQuantConfig* quant = nullptr;  ///< fake quantisation of the linear layers (qlinear)
   bool keep_probs = false;               ///< keep the attention probabilities (AttentionSublayer::probs)
+  /// Storage rounding of the step outputs (q, k, v after RoPE, heads, p_null, LSE, psi, output).
+  StoreFn store = nullptr;
 };
 
 /// Partner index of channel c in a head of width dh, and whether c is the first of its pair.
@@ -200,12 +214,13 @@ Rows<T> rope(const Rows<T>& in, index_t H, index_t dh, index_t Tn, index_t pos0,
 
 /// Per-head RMSNorm (q/k norm, Qwen3) of rows [N, H * dh] with gain [dh].
 template <class T>
-Rows<T> head_rms_norm(const Rows<T>& in, index_t H, index_t dh, const Tensor<T>& gain, double eps, const ErrorModel& em) {
+Rows<T> head_rms_norm(const Rows<T>& in, index_t H, index_t dh, const Tensor<T>& gain, const KeyNormOptions& opt,
+                      const ErrorModel& em) {
   Rows<T> flat{in.x.reshaped({in.n() * H, dh}), {}};
   if (em.on())
     for (index_t r = 0; r < in.n(); ++r)
       for (index_t h = 0; h < H; ++h) flat.e.push_back(in.e[static_cast<std::size_t>(r)]);
-  Rows<T> y = rms_norm(flat, gain, KeyNormOptions{eps, false}, em);
+  Rows<T> y = rms_norm(flat, gain, opt, em);
   Rows<T> out{y.x.reshaped({in.n(), H * dh}), {}};
   if (em.on()) {
     out.e.assign(static_cast<std::size_t>(in.n()), 0.0);
@@ -273,6 +288,7 @@ struct AttentionSublayer {
   Tensor<T> p_null, lse;  ///< [B, H, Tn] per head (lse = LSE1 for softmax1, LSE for softmax)
   Tensor<T> psi;          ///< [B, Tn] null statistic of the branch
   std::vector<double> e_psi;  ///< [N] error bounds of psi (error model on)
+  Tensor<double> e_p_null;    ///< [B, H, Tn] error bounds of p_null (error model on)
   Rows<T> q, k, v;        ///< [N, H dh], [N, Hkv dh], [N, Hkv dh]: projections (q, k after q/k norm and RoPE)
   Rows<T> heads;          ///< [N, H dh] attention output of every head, before W_o (gated when gating is on)
   Tensor<T> probs;        ///< [B, H, Tn, T_keys] (SublayerOptions::keep_probs; sink: column 0)
@@ -287,14 +303,14 @@ void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const Att
                            const ModelConfig& cfg, const ErrorModel& em, Rows<T>& q, Rows<T>& k, Rows<T>& v,
                            const WAQuantConfig* quant, Rows<T>* xn_out) {
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim();
-  const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
+  const Rows<T> xn = rms_norm(h, *W.norm, cfg.norm_options(), em);
   q = qlinear(xn, *W.wq, em, quant);
   k = qlinear(xn, *W.wk, em, quant);
   v = qlinear(xn, *W.wv, em, quant);
   if (xn_out) *xn_out = xn;
   if (cfg.qk_norm) {
-    q = head_rms_norm(q, H, dh, *W.q_norm, cfg.norm_eps, em);
-    k = head_rms_norm(k, Hkv, dh, *W.k_norm, cfg.norm_eps, em);
+    q = head_rms_norm(q, H, dh, *W.q_norm, cfg.norm_options(), em);
+    k = head_rms_norm(k, Hkv, dh, *W.k_norm, cfg.norm_options(), em);
   }
   q = rope(q, H, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
   k = rope(k, Hkv, dh, Tn, pos0, cfg.rope, cfg.rope_theta, em);
@@ -366,6 +382,7 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
     const bool has_null = opt.normalizer == RowNorm::softmax1;
     merged.e.assign(static_cast<std::size_t>(N), 0.0);
     r.e_psi.assign(static_cast<std::size_t>(N), 0.0);
+    r.e_p_null = Tensor<double>({B, H, Tn});
     for (index_t b = 0; b < B; ++b)
       for (index_t t = 0; t < Tn; ++t) {
         const index_t row = b * Tn + t;
@@ -401,6 +418,7 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
           const double eA = pe + (2.0 * Dz + rho + em.gamma(static_cast<double>(m))) * pv;
           merged.e[static_cast<std::size_t>(row)] = std::max(merged.e[static_cast<std::size_t>(row)], eA);
           const double pn = to_double(att.p_null(b, hh, t));
+          r.e_p_null(b, hh, t) = pn * (Dz + rho);
           psi_err += cfg.psi_estimator == PsiEstimator::mass_deficit
                          ? pn * Dz + (rho + em.gamma(static_cast<double>(m))) * (1.0 - pn) + em.u
                          : pn * (Dz + rho);
@@ -433,6 +451,9 @@ AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn,
                                         KVCache<T>& cache, const ErrorModel& em, const SublayerOptions& so) {
   Rows<T> q, k, v, xn;
   attention_projections(h, Tn, pos0, W, cfg, em, q, k, v, so.quant, W.gate_w ? &xn : nullptr);
+  store_values(q.x, so.store);
+  store_values(k.x, so.store);
+  store_values(v.x, so.store);
   AttentionSublayer<T> r = attention_core(std::move(q), std::move(k), std::move(v), B, Tn, cfg, cache, em, W.sink_k,
                                           W.sink_v, so.keep_probs);
   if (W.gate_w) {
@@ -450,7 +471,9 @@ AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn,
           for (index_t c = 0; c < dh; ++c) o[c] *= g;
         }
   }
+  for (Tensor<T>* t : {&r.heads.x, &r.p_null, &r.lse, &r.psi}) store_values(*t, so.store);
   r.out = qlinear(r.heads, *W.wo, em, so.quant);
+  store_values(r.out.x, so.store);
   return r;
 }
 template <class T>
@@ -476,7 +499,7 @@ struct MlpWeights {
 template <class T>
 Rows<T> mlp_hidden(const Rows<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg, const ErrorModel& em,
                    const WAQuantConfig* quant) {
-  const Rows<T> xn = rms_norm(h, *W.norm, KeyNormOptions{cfg.norm_eps, false}, em);
+  const Rows<T> xn = rms_norm(h, *W.norm, cfg.norm_options(), em);
   const Rows<T> a = qlinear(xn, *W.gate, em, quant), b = qlinear(xn, *W.up, em, quant);
   const index_t N = a.n(), f = a.w();
   Rows<T> m{Tensor<T>({N, f}), {}};

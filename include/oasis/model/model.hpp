@@ -138,6 +138,12 @@ struct ForwardOptions {
   /// must outlive the call. Not combinable with error_u.
   const WAQuantConfig* quant = nullptr;
   bool trace_probs = false;  ///< with trace: keep the attention probabilities (SublayerTrace::attn_probs)
+  /// Storage rounding (layers.hpp StoreFn; null: off): every activation handed from one step to the
+  /// next is rounded when it is produced — the embedding rows, q, k, v (after RoPE), the heads,
+  /// p_null, LSE and psi, every sublayer output, MLP hidden rows, routed states, candidate and
+  /// block sums and their psi, the readout state and the logits. Models an implementation that
+  /// computes in T and stores bfloat16 (or float16, float32) activations. Not combinable with error_u.
+  StoreFn store = nullptr;
 };
 
 template <class T>
@@ -283,6 +289,11 @@ class Model {
             cfg_.prefix_sink ? &param(L + ".attn.sink_key") : nullptr,
             cfg_.prefix_sink ? &param(L + ".attn.sink_value") : nullptr};
   }
+  /// The head: logits = LM head(RMSNorm(state)) with the final norm's options.
+  Rows<T> head(const Rows<T>& state, const ErrorModel& em) const {
+    const Rows<T> xn = rms_norm(state, param("norm.weight"), cfg_.norm_options(), em);
+    return linear(xn, cfg_.tie_embeddings ? param("embed_tokens.weight") : param("lm_head.weight"), em);
+  }
   /// Weights of the MLP sublayer of block b.
   MlpWeights<T> mlp_weights(index_t b) const {
     const std::string L = "layers." + std::to_string(b);
@@ -346,10 +357,13 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   OASIS_REQUIRE(x0.n() == B * Tn && x0.w() == cfg_.d_model, "x", "rows ", shape_str(x0.x.shape()),
                 " are not [B * T, d] = [", B * Tn, ", ", cfg_.d_model, "]");
   OASIS_REQUIRE(opt.error_u >= 0 && opt.error_u < 1e-2, "error_u", "unit roundoff must lie in [0, 1e-2), got ", opt.error_u);
-  OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && !cfg_.gated_attention && !cfg_.prefix_sink), "error_u",
-                "no forward error bound is derived with fake quantisation, gated attention or the prefix sink");
+  OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && !cfg_.gated_attention && !cfg_.prefix_sink && !opt.store), "error_u",
+                "no forward error bound is derived with fake quantisation, storage rounding, gated attention or the prefix sink");
   const ErrorModel em{opt.error_u};
-  const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs};
+  const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs, opt.store};
+  const StoreFn store = opt.store;
+  auto stored = [store](Rows<T> r) { store_values(r.x, store); return r; };
+  store_values(x0.x, store);
   const index_t N = B * Tn, L = cfg_.n_sublayers(), pos0 = st.length;
   if (em.on()) x0.e.assign(static_cast<std::size_t>(N), 0.0);  // inputs exact in the bounded precision
   ForwardResult<T> res;
@@ -359,9 +373,9 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   // MLP sublayer; its hidden rows go to the trace.
   auto mlp = [&](const Rows<T>& h, index_t b, Tensor<T>* hidden) {
     const MlpWeights<T> W = mlp_weights(b);
-    const Rows<T> hid = mlp_hidden(h, W, cfg_, em, opt.quant);
+    const Rows<T> hid = stored(mlp_hidden(h, W, cfg_, em, opt.quant));
     if (hidden) *hidden = detail::to_btd(hid.x, B, Tn);
-    return qlinear(hid, *W.down, em, opt.quant);
+    return stored(qlinear(hid, *W.down, em, opt.quant));
   };
   auto trace_io = [&](SublayerTrace<T>& tr, const Rows<T>& in, const Rows<T>& out) {
     tr.input = detail::to_btd(in.x, B, Tn);
@@ -382,7 +396,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         trace_io(tr, x, a.out);
         res.trace.push_back(std::move(tr));
       }
-      x = add_rows(x, a.out, em);
+      x = stored(add_rows(x, a.out, em));
       Tensor<T> hidden;
       const Rows<T> m = mlp(x, b, opt.trace ? &hidden : nullptr);
       if (opt.trace) {
@@ -393,7 +407,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         trace_io(tr, x, m);
         res.trace.push_back(std::move(tr));
       }
-      x = add_rows(x, m, em);
+      x = stored(add_rows(x, m, em));
     }
     state = std::move(x);
   } else if (cfg_.router == RouterFamily::authors_code) {
@@ -404,7 +418,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
     for (index_t b = 0; b < cfg_.n_blocks; ++b) {
       const std::string L0 = "layers." + std::to_string(b);
       const AttentionSublayer<T> a = attention(x, b);
-      const DepthSource<T> c_sa{add_rows(x, a.out, em), SourceKind::attention, detail::flat_psi(a.psi), a.e_psi,
+      const DepthSource<T> c_sa{stored(add_rows(x, a.out, em)), SourceKind::attention, detail::flat_psi(a.psi), a.e_psi,
                                 L0 + ".attn (residual + out)"};
       std::vector<const DepthSource<T>*> cands;
       for (const auto& s : hist) cands.push_back(&s);
@@ -412,6 +426,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
       const std::string R1 = L0 + ".attn_res";
       RouteResult<T> r1 = authors_route(cands, param(R1 + ".q_proj.weight"), param(R1 + ".k_proj.weight"),
                                         param(R1 + ".recency_bias")[0], theta_of(R1), cfg_, em);
+      store_values(r1.h.x, store);
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = L0 + ".attn";
@@ -425,12 +440,13 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
       const Rows<T> m = mlp(r1.h, b, opt.trace ? &hidden : nullptr);
       // The MLP candidate has no heads: it carries the attention psi of its block (inherit) or
       // no evidence, per the head-less rule.
-      const DepthSource<T> c_mlp{add_rows(r1.h, m, em), SourceKind::headless, detail::flat_psi(a.psi), a.e_psi,
+      const DepthSource<T> c_mlp{stored(add_rows(r1.h, m, em)), SourceKind::headless, detail::flat_psi(a.psi), a.e_psi,
                                  L0 + ".mlp (residual + out)"};
       cands.push_back(&c_mlp);
       const std::string R2 = L0 + ".mlp_res";
       RouteResult<T> r2 = authors_route(cands, param(R2 + ".q_proj.weight"), param(R2 + ".k_proj.weight"),
                                         param(R2 + ".recency_bias")[0], theta_of(R2), cfg_, em);
+      store_values(r2.h.x, store);
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = L0 + ".mlp";
@@ -447,24 +463,28 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
     state = std::move(x);
     st.depth_sources = std::move(hist);
   } else {
-    // Kimi Full (S = 1) and Block AttnRes: completed sources `done` (v_i, or block sums b_n) and
-    // the partial sum of the current block.
-    const index_t S = cfg_.router == RouterFamily::kimi_full ? 1 : cfg_.block_size;
+    // Kimi Full (every sublayer its own block) and Block AttnRes (ModelConfig::block_starts):
+    // completed sources `done` (v_i, or block sums b_n) and the partial sum of the current block.
+    const std::vector<index_t> starts = cfg_.block_starts();
+    const bool full = static_cast<index_t>(starts.size()) == L;  // every block one sublayer: named by sublayer
     std::vector<DepthSource<T>> done;
     done.push_back({x0, SourceKind::initial, Tensor<T>({N}), std::vector<double>(em.on() ? N : 0, 0.0), "embedding"});
     DepthSource<T> partial;
     Tensor<T> psi_sum, last_psi;  // [N]
     std::vector<double> e_psi_sum, last_e_psi;
-    index_t n_attn = 0;
+    index_t n_attn = 0, blk = 0;
     Rows<T> last_h, last_out;
     for (index_t l = 0; l < L; ++l) {
-      const index_t b = l / 2, i = l % S;
+      if (blk + 1 < static_cast<index_t>(starts.size()) && l == starts[static_cast<std::size_t>(blk + 1)]) ++blk;
+      const index_t b = l / 2, i = l - starts[static_cast<std::size_t>(blk)];
+      const index_t last_of_block = blk + 1 < static_cast<index_t>(starts.size()) ? starts[static_cast<std::size_t>(blk + 1)] - 1 : L - 1;
       const bool is_attn = l % 2 == 0;
       const std::string L0 = "layers." + std::to_string(b), R = L0 + (is_attn ? ".attn_res" : ".mlp_res");
       std::vector<const DepthSource<T>*> cands;
       for (const auto& s : done) cands.push_back(&s);
       if (i > 0) cands.push_back(&partial);
       RouteResult<T> r = kimi_route(cands, param(R + ".query"), gain_of(R), theta_of(R), cfg_, em);
+      store_values(r.h.x, store);
       SublayerTrace<T> tr;
       Rows<T> out;
       if (is_attn) {
@@ -485,15 +505,15 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         res.trace.push_back(std::move(tr));
       }
       // Block bookkeeping: b_n^i = b_n^{i-1} + v (partial sum), psi of a block = mean psi of its
-      // attention sublayers; a block without attention (only with odd S) is head-less and
-      // inherits the psi of the attention sublayer of its transformer block.
+      // attention sublayers; a block without attention is head-less and inherits the psi of the
+      // most recent attention sublayer (that of its own transformer block: attention and MLP alternate).
       if (i == 0) {
         partial = DepthSource<T>{out, SourceKind::headless, Tensor<T>({N}), {}, ""};
         psi_sum = Tensor<T>({N});
         e_psi_sum.assign(em.on() ? N : 0, 0.0);
         n_attn = 0;
       } else {
-        partial.v = add_rows(partial.v, out, em);
+        partial.v = stored(add_rows(partial.v, out, em));
       }
       if (is_attn) {
         for (index_t t = 0; t < N; ++t) psi_sum[t] += last_psi[t];
@@ -504,6 +524,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         partial.kind = SourceKind::attention;
         partial.psi = Tensor<T>({N});
         for (index_t t = 0; t < N; ++t) partial.psi[t] = psi_sum[t] / T(n_attn);
+        if (n_attn > 1) store_values(partial.psi, store);
         partial.e_psi = e_psi_sum;
         for (std::size_t t = 0; t < partial.e_psi.size(); ++t)
           partial.e_psi[t] = e_psi_sum[t] / static_cast<double>(n_attn) +
@@ -513,8 +534,8 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         partial.psi = last_psi;
         partial.e_psi = last_e_psi;
       }
-      partial.name = S == 1 ? L0 + (is_attn ? ".attn" : ".mlp") : "block " + std::to_string(l / S + 1);
-      if (i == S - 1 || l == L - 1) done.push_back(partial);
+      partial.name = full ? L0 + (is_attn ? ".attn" : ".mlp") : "block " + std::to_string(blk + 1);
+      if (l == last_of_block) done.push_back(partial);
       else partial.name += " (partial)";
       last_h = std::move(r.h);
       last_out = std::move(out);
@@ -524,6 +545,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
       std::vector<const DepthSource<T>*> cands;
       for (const auto& s : done) cands.push_back(&s);
       RouteResult<T> r = kimi_route(cands, param("final_res.query"), gain_of("final_res"), theta_of("final_res"), cfg_, em);
+      store_values(r.h.x, store);
       if (opt.trace) {
         SublayerTrace<T> tr;
         tr.name = "final_res";
@@ -536,16 +558,15 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
     } else if (ro == Readout::sum) {
       // sum_i s_i over all sources, left to right; error rule as repeated add_rows.
       state = done[0].v;
-      for (std::size_t k = 1; k < done.size(); ++k) state = add_rows(state, done[k].v, em);
+      for (std::size_t k = 1; k < done.size(); ++k) state = stored(add_rows(state, done[k].v, em));
     } else {
       // The last routed state handed on by a pre-norm block: h_L + v_L.
-      state = add_rows(last_h, last_out, em);
+      state = stored(add_rows(last_h, last_out, em));
     }
     st.depth_sources = std::move(done);
   }
 
-  const Rows<T> xn = rms_norm(state, param("norm.weight"), KeyNormOptions{cfg_.norm_eps, false}, em);
-  const Rows<T> logits = linear(xn, cfg_.tie_embeddings ? param("embed_tokens.weight") : param("lm_head.weight"), em);
+  const Rows<T> logits = stored(head(state, em));
   res.logits = detail::to_btd(logits.x, B, Tn);
   res.state = detail::to_btd(state.x, B, Tn);
   res.logit_error = logits.e;

@@ -118,9 +118,7 @@ std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>&
       out.push_back(detail::compare_rows(tr.name + " output", tr.output, f.x, f.e, d, slack));
     }
   }
-  const Rows<R> xn = rms_norm(detail::exact_rows<T, R>(res.state.data(), N, d), reference.param("norm.weight"),
-                              KeyNormOptions{c.norm_eps, false}, em);
-  const Rows<R> logits = linear(xn, reference.param(c.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight"), em);
+  const Rows<R> logits = reference.head(detail::exact_rows<T, R>(res.state.data(), N, d), em);
   out.push_back(detail::compare_rows("head logits", res.logits, logits.x, logits.e, c.vocab_size, slack));
   return out;
 }

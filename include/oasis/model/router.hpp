@@ -40,6 +40,7 @@ struct RouteResult {
   Tensor<T> sources;               ///< [n, N, d] candidate values
   DepthRoute<T> route;             ///< alpha [n, N], alpha_null [N], coupled g [n, N], dpsi [n, N]
   Tensor<T> g_old;                 ///< [n, N] logits before coupling (after the no-coupling clamp)
+  std::vector<double> e_gold;      ///< [n * N] error bounds of g_old (error model on; the clamp is 1-Lipschitz)
   Tensor<T> psi;                   ///< [n, N] psi of each candidate as given to the coupling
   std::vector<SourceKind> kinds;
   std::vector<std::string> names;
@@ -85,6 +86,7 @@ RouteResult<T> finish_route(const std::vector<const DepthSource<T>*>& c, const T
   }
   r.route = attn_res_route(sources, g_old, r.psi, r.kinds, r.options);
   r.g_old = std::move(g_old);
+  r.e_gold = e_gold;
   r.h.x = r.route.h;
   r.sources = sources;
   if (em.on()) {

@@ -1,18 +1,15 @@
 // oasis/verify/compare.hpp — the compare engine: check another implementation's tensors against
-// the oracle recomputed in high precision (oasis::mp50) from the same inputs.
+// the oracle recomputed from the same inputs (in double with its own error bound folded in, or in
+// 50-digit oasis::mp50; CompareOptions::oracle).
 //
 // One engine serves `oasis-verify compare` (a JSON configuration naming tensor files) and
 // programs that hold the tensors in memory (check()). File formats, tensor names, options and the
-// tolerance policy: docs/verify.md. Ops and their tensors: describe_ops().
+// tolerance policies: docs/verify.md. Ops and their tensors: describe_ops().
 //
-// Tolerance policy, per element i of an output stored in dtype D:
-//   |x_i - ref_i| <= bound_i = 0.5 ulp_D(ref_i) + 2 * B_i(D)
-// ref_i: the oracle in mp50 on exactly the stored inputs; 0.5 ulp_D(ref_i): the error of rounding
-// the exact result to D (no implementation that stores D can do better); B_i(D): the derived
-// per-element error bound of the plain same-precision reference evaluated in D
-// (oasis/error_bounds.hpp; D = f32 or f64 directly, f16/bf16 as the first-order bound with D's
-// unit roundoff); the factor 2 admits a kernel whose summation order or fusion differs from the
-// plain reference (docs/tolerances.md).
+// Each element of an output stored in dtype D is judged on two lines (oasis/verify/policy.hpp):
+// the certain worst-case bound |x_i - ref_i| <= 0.5 ulp_D(ref_i) + 2 B_i(D) (outside it:
+// FAIL-certain) and the selected policy, by default probabilistic (outside it: FAIL). The
+// derivations and the measurements behind them are in docs/tolerances.md.
 //
 // Errors: unusable input (a missing or unknown tensor, a bad option, an unreadable file) throws
 // oasis::invalid_argument or io::format_error, naming the problem; `oasis-verify` exits 2.
@@ -23,6 +20,7 @@
 
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
+#include "oasis/multiprecision.hpp"
 #include "oasis/verify/report.hpp"
 
 namespace oasis::model {
@@ -36,9 +34,11 @@ namespace oasis::verify {
 CompareReport check(const std::string& op, const io::TensorMap& inputs, const io::TensorMap& outputs,
                     const io::json::Value& options = {}, const CompareOptions& opt = {});
 
-/// Check a model trace (op "model"): `weights_file` is a file of oasis::model::save_model (the
-/// configuration in its metadata), `inputs` holds the token ids, `trace` the logits and trace
-/// tensors (docs/verify.md, "Model level").
+/// Check a model trace (op "model"): `weights_file` holds the weights and the configuration in
+/// its metadata (oasis::model::save_model, or written by hand), `inputs` the token ids, `trace`
+/// the logits, the state and the trace tensors. Every trace tensor is checked against what the
+/// configured model computes from the tensors it reads (a PASS certifies the wiring too); logits
+/// without the state get the end-to-end verdict (docs/verify.md, "Model level").
 CompareReport check_model(const std::string& weights_file, const io::TensorMap& inputs, const io::TensorMap& trace,
                           const io::json::Value& options = {}, const CompareOptions& opt = {});
 
@@ -59,6 +59,13 @@ CompareReport compare_config_file(const std::string& path, const CompareOptions&
 /// `default_file` is used for "inputs"/"outputs" when they are absent (may be empty).
 CompareReport compare_config(const io::json::Value& cfg, const std::string& base_dir,
                              const std::string& default_file, const CompareOptions& opt = {});
+
+/// The worst-case policy on one tensor: `got` (stored in dtype D = got.dtype) against the mp50
+/// oracle `ref`, per element |x - ref| <= 0.5 ulp_D(ref) + 2 plain, with plain = B_i(D) of ref's
+/// shape (a shape mismatch fails the tensor); lists the first `show` mismatches. The model level
+/// and the parity rows of `oasis-verify selfcheck` call it.
+TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got, const Tensor<mp50>& ref,
+                            const Tensor<double>& plain, int show);
 
 /// The names of the ops the engine knows.
 std::vector<std::string> op_names();

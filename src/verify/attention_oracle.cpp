@@ -1,0 +1,371 @@
+// src/verify/attention_oracle.cpp — the fast (double) and mp50 oracles of op attention, row by row.
+#include "attention_oracle.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "oasis/verify/policy.hpp"
+#include "oracle_kernels.hpp"
+
+namespace oasis::verify::detail {
+namespace {
+
+using kernels::kColumnQuantum;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
+
+/// The per-key and per-row pieces of a row whose reference p, lse, p_null are set: from the scores
+/// (dot = <q, k_j>, Q = sum_c |q_c k_jc|, the bias) the worst-case row bound at u = 1 and the
+/// probabilistic row model. Fills r.p_wc, lse_wc, p_null_wc, p_R, lse_R, p_null_R, masked and the
+/// mixing weights w (p^2 kappa^2) of every key.
+void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias,
+                std::vector<double>& w, bounds::ProbRow& pr) {
+  const index_t m = r.m();
+  thread_local std::vector<double> z, zc, zeta2;  // reused row buffers
+  z.resize(static_cast<std::size_t>(m));
+  zc.assign(z.size(), 0.0);
+  zeta2.assign(z.size(), 0.0);
+  r.masked.assign(static_cast<std::size_t>(m), 0);
+  double maxQ = 0, maxz = 0;
+  for (index_t j = 0; j < m; ++j) {
+    const auto ju = static_cast<std::size_t>(j);
+    const double sd = c.scale * dot[j], b = bias[j];
+    z[ju] = sd + b;
+    if (std::isinf(b)) {  // masked by the bias: exactly 0 in every implementation
+      r.masked[ju] = 1;
+      continue;
+    }
+    zc[ju] = c.scale * static_cast<double>(c.s.d_h + 2) * Q[j] + std::abs(sd) +
+             (c.opt.bias.empty() ? 0.0 : std::abs(b) + std::abs(z[ju]));
+    zeta2[ju] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, z[ju]);
+    maxQ = std::max(maxQ, Q[j]);
+    maxz = std::max(maxz, std::abs(z[ju]));
+  }
+  const double s = c.null_logit(r.h);
+  const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, z.data(), zc.data(), m, s,
+                                                std::abs(s), r.p.data(), r.p_null, r.lse);
+  pr = bounds::prob_row(c.opt.normalizer, z.data(), zeta2.data(), m, s, s * s, c.scale * maxQ + maxz, r.p.data(), r.p_null,
+                        r.lse, c.probs_needed);
+  r.p_wc = b1.p;
+  r.lse_wc = b1.lse;
+  r.p_null_wc = b1.p_null;
+  r.p_R = pr.p;
+  r.lse_R = pr.lse;
+  r.p_null_R = pr.p_null;
+  double rel_max = 0;
+  for (index_t j = 0; j < m; ++j) rel_max = std::max(rel_max, b1.rel[static_cast<std::size_t>(j)]);
+  r.rho = 4.0 * rel_max * unit_roundoff<double>() + 1e-9;
+  w.assign(static_cast<std::size_t>(m), 0.0);
+  for (index_t j = 0; j < m; ++j) {
+    const auto ju = static_cast<std::size_t>(j);
+    w[ju] = r.p[ju] * r.p[ju] * pr.kappa2[ju];
+  }
+}
+
+}  // namespace
+
+AttnCall::AttnCall(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionOptions& o)
+    : q(q_), k(k_), v(v_), opt(o), s(check_attention_args(q_, k_, v_, o)),
+      scale(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h))) {}
+
+ElemBounds AttnRow::out_bounds(index_t c, const bounds::Precision& pr) const {
+  const auto cu = static_cast<std::size_t>(c);
+  const double fl = pr.p_floor * absv[cu] + bounds::underflow_floor(pr, m());
+  return {bounds::kSecondOrder * (pr.u * (G1[cu] + static_cast<double>(m()) * V1[cu]) + pr.p_floor * absv[cu]) +
+              bounds::underflow_floor(pr, m()),
+          bounds::kSecondOrder * kLambda * pr.u * out_R[cu] + fl};
+}
+ElemBounds AttnRow::p_bounds(index_t j, const bounds::Precision& pr) const {
+  const auto ju = static_cast<std::size_t>(j);
+  if (masked[ju]) return {0.0, 0.0};
+  return {pr.u * p_wc[ju] + pr.p_floor, bounds::kSecondOrder * kLambda * pr.u * p_R[ju] + pr.p_floor};
+}
+ElemBounds AttnRow::lse_bounds(const bounds::Precision& pr) const {
+  return {pr.u * lse_wc, bounds::kSecondOrder * kLambda * pr.u * lse_R};
+}
+ElemBounds AttnRow::p_null_bounds(const bounds::Precision& pr) const {
+  if (!has_null) return {0.0, 0.0};
+  return {pr.u * p_null_wc + pr.p_floor, bounds::kSecondOrder * kLambda * pr.u * p_null_R + pr.p_floor};
+}
+
+void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {
+  const index_t Tk = c.s.Tk, dh = c.s.d_h, dv = c.s.d_v;
+  pk.b = b;
+  pk.hk = hk;
+  pk.tkp = round_up(Tk, kColumnQuantum) + kColumnQuantum;  // a block's window may start anywhere
+  pk.dvp = round_up(dv, kColumnQuantum);
+  pk.kt.assign(static_cast<std::size_t>(dh * pk.tkp), 0.0);
+  pk.kta.assign(pk.kt.size(), 0.0);
+  pk.vx.assign(static_cast<std::size_t>(Tk * 3 * pk.dvp), 0.0);
+  pk.vabs_prefix.assign(static_cast<std::size_t>((Tk + 1) * dv), 0.0);
+  constexpr index_t kTile = 64;  // transpose K in tiles of keys (reads and writes stay in cache)
+  for (index_t j0 = 0; j0 < Tk; j0 += kTile) {
+    const index_t j1 = std::min(Tk, j0 + kTile);
+    for (index_t x = 0; x < dh; ++x) {
+      double* kt = pk.kt.data() + x * pk.tkp;
+      double* ka = pk.kta.data() + x * pk.tkp;
+      for (index_t j = j0; j < j1; ++j) {
+        const double kx = c.krow(b, hk, j)[x];
+        kt[j] = kx;
+        ka[j] = std::abs(kx);
+      }
+    }
+  }
+  for (index_t j = 0; j < Tk; ++j) {
+    const double* vj = c.vrow(b, hk, j);
+    double* row = pk.vx.data() + j * 3 * pk.dvp;
+    double* pre = pk.vabs_prefix.data() + (j + 1) * dv;
+    const double* prev = pk.vabs_prefix.data() + j * dv;
+    for (index_t x = 0; x < dv; ++x) {
+      row[x] = vj[x];
+      row[pk.dvp + x] = std::abs(vj[x]);
+      row[2 * pk.dvp + x] = vj[x] * vj[x];
+      pre[x] = prev[x] + std::abs(vj[x]);
+    }
+  }
+}
+
+void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t* ts, index_t n, AttnWorkspace& ws,
+               std::vector<AttnRow>& out) {
+  if (n == 0) return;
+  const kernels::Gemm& g = kernels::oracle_gemm();
+  const index_t b = pk.b, hk = pk.hk, dh = c.s.d_h, dv = c.s.d_v, dvp = pk.dvp;
+  const bool has_null = c.opt.normalizer == RowNorm::softmax1;
+  const double s = c.null_logit(h);
+  // the union of the rows' visible ranges
+  std::vector<KeyRange> kr(static_cast<std::size_t>(n));
+  index_t lo = c.s.Tk, hi = 0;
+  for (index_t r = 0; r < n; ++r) {
+    kr[static_cast<std::size_t>(r)] = visible_range(c.s, c.opt, b, ts[r]);
+    if (kr[static_cast<std::size_t>(r)].count() > 0) {
+      lo = std::min(lo, kr[static_cast<std::size_t>(r)].begin);
+      hi = std::max(hi, kr[static_cast<std::size_t>(r)].end);
+    }
+  }
+  if (hi <= lo) lo = hi = 0;
+  const index_t L = hi - lo, Lp = round_up(std::max<index_t>(L, 1), kColumnQuantum);
+  const std::size_t nL = static_cast<std::size_t>(n * Lp);
+  ws.qb.assign(static_cast<std::size_t>(n * dh), 0.0);
+  ws.qa.assign(ws.qb.size(), 0.0);
+  for (index_t r = 0; r < n; ++r) {
+    const double* qr = c.qrow(b, h, ts[r]);
+    for (index_t x = 0; x < dh; ++x) {
+      ws.qb[static_cast<std::size_t>(r * dh + x)] = qr[x];
+      ws.qa[static_cast<std::size_t>(r * dh + x)] = std::abs(qr[x]);
+    }
+  }
+  ws.S.resize(nL);
+  ws.AQ.resize(nL);
+  if (L > 0) {
+    g.gemm(ws.qb.data(), dh, pk.kt.data() + lo, pk.tkp, ws.S.data(), Lp, n, Lp, dh, false);
+    g.gemm(ws.qa.data(), dh, pk.kta.data() + lo, pk.tkp, ws.AQ.data(), Lp, n, Lp, dh, false);
+  }
+  // the weights of the mixing sums, stacked so that each product reads adjacent rows:
+  // [W2; P; W] (3n x Lp) and G (n x Lp)
+  ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
+  ws.W2.resize(nL);
+  std::vector<bounds::ProbRow> prs(static_cast<std::size_t>(n));
+  std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sp(static_cast<std::size_t>(n), 0.0);
+  const std::size_t first = out.size();
+  std::vector<double> bias, w;
+  for (index_t r = 0; r < n; ++r) {
+    AttnRow row;
+    row.b = b;
+    row.h = h;
+    row.t = ts[r];
+    row.kr = kr[static_cast<std::size_t>(r)];
+    row.has_null = has_null;
+    const index_t m = row.m(), off = row.kr.begin - lo;
+    const double* dot = ws.S.data() + r * Lp + off;
+    const double* Q = ws.AQ.data() + r * Lp + off;
+    bias.assign(static_cast<std::size_t>(m), 0.0);
+    if (!c.opt.bias.empty())
+      for (index_t j = 0; j < m; ++j) bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, ts[r], row.kr.begin + j);
+    // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
+    // the maximal one, whose exponential is exactly 1)
+    row.p.assign(static_cast<std::size_t>(m), 0.0);
+    double M = has_null ? s : -kInf;
+    index_t arg = -1;  // -1: the null (or none)
+    for (index_t j = 0; j < m; ++j) {
+      const double zj = c.scale * dot[j] + bias[static_cast<std::size_t>(j)];
+      if (zj > M) {
+        M = zj;
+        arg = j;
+      }
+    }
+    if (std::isinf(M)) {  // plain softmax with no visible key: the documented zero
+      row.lse = -kInf;
+    } else {
+      double rest = 0;
+      for (index_t j = 0; j < m; ++j) {
+        const double zj = c.scale * dot[j] + bias[static_cast<std::size_t>(j)];
+        const double e = std::isinf(zj) ? 0.0 : std::exp(zj - M);
+        row.p[static_cast<std::size_t>(j)] = e;
+        if (j != arg) rest += e;
+      }
+      const double en = has_null ? std::exp(s - M) : 0.0;
+      if (arg >= 0) rest += en;
+      const double S = 1.0 + rest;
+      for (auto& x : row.p) x /= S;
+      row.p_null = en / S;
+      row.lse = M + std::log1p(rest);
+    }
+    row_pieces(c, row, dot, Q, bias.data(), w, prs[static_cast<std::size_t>(r)]);
+    for (double* base : {ws.P3.data() + r * Lp, ws.P3.data() + nL + r * Lp, ws.P3.data() + 2 * nL + r * Lp,
+                         ws.W2.data() + r * Lp}) {
+      std::fill(base, base + off, 0.0);
+      std::fill(base + off + m, base + Lp, 0.0);
+    }
+    double* W2 = ws.P3.data() + r * Lp + off;
+    double* P = ws.P3.data() + nL + r * Lp + off;
+    double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
+    double* G = ws.W2.data() + r * Lp + off;
+    for (index_t j = 0; j < m; ++j) {
+      const auto ju = static_cast<std::size_t>(j);
+      P[j] = row.p[ju];
+      G[j] = row.p_wc[ju];
+      Wr[j] = w[ju];
+      W2[j] = w[ju] + row.p[ju] * row.p[ju];
+      sw[static_cast<std::size_t>(r)] += w[ju];
+      sp[static_cast<std::size_t>(r)] += row.p[ju];
+    }
+    out.push_back(std::move(row));
+  }
+  // mixing sums: [A; X1] = [P; W] V, [X2; Y2] = [W2; P] V^2, V1 = P |V|, G1 = G |V|
+  ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
+  ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
+  ws.out2.resize(static_cast<std::size_t>(2 * n * dvp));
+  const double* vx = pk.vx.data() + lo * 3 * dvp;
+  const index_t ldv = 3 * dvp;
+  // the rows of a block's window past hi hold zero weights; the products stop at L
+  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, 2 * n, dvp, L, false);
+  g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, 2 * n, dvp, L, false);
+  g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
+  g.gemm(ws.W2.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
+  const bounds::Precision dp = bounds::Precision::of<double>();
+  for (index_t r = 0; r < n; ++r) {
+    AttnRow& row = out[first + static_cast<std::size_t>(r)];
+    const bounds::ProbRow& pr = prs[static_cast<std::size_t>(r)];
+    row.out.assign(static_cast<std::size_t>(dv), 0.0);
+    row.G1.assign(row.out.size(), 0.0);
+    row.V1.assign(row.out.size(), 0.0);
+    row.absv.assign(row.out.size(), 0.0);
+    row.out_R.assign(row.out.size(), 0.0);
+    row.rho_out.assign(row.out.size(), 0.0);
+    row.err_out.assign(row.out.size(), 0.0);
+    const double* pe = pk.vabs_prefix.data() + row.kr.end * dv;
+    const double* pb = pk.vabs_prefix.data() + row.kr.begin * dv;
+    for (index_t x = 0; x < dv; ++x) {
+      const auto xu = static_cast<std::size_t>(x);
+      const double A = ws.out0[static_cast<std::size_t>(r * dvp + x)];
+      const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
+      const double V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
+      const double G1 = ws.out1[static_cast<std::size_t>((n + r) * dvp + x)];
+      const double X2 = ws.out2[static_cast<std::size_t>(r * dvp + x)];
+      const double Y2 = ws.out2[static_cast<std::size_t>((n + r) * dvp + x)];
+      row.out[xu] = A;
+      row.G1[xu] = G1;
+      row.V1[xu] = V1;
+      row.absv[xu] = row.m() > 0 ? pe[x] - pb[x] : 0.0;
+      const auto ru = static_cast<std::size_t>(r);
+      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru]);
+      // the pieces at the double reference: p within its relative error, A within eA, and the
+      // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
+      const double eA = row.out_bounds(x, dp).wc;
+      row.err_out[xu] = eA;
+      const double mag = X2 + 2.0 * std::abs(A * X1) + A * A * sw[ru] + Y2 + A * A * (2.0 + sp[ru]);
+      const double R2 = row.out_R[xu] * row.out_R[xu];
+      row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min()) +
+                        (R2 > 0 ? 1e-14 * mag / R2 : 0.0);
+    }
+  }
+}
+
+AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
+  AttnRow row;
+  row.b = b;
+  row.h = h;
+  row.t = t;
+  row.kr = visible_range(c.s, c.opt, b, t);
+  row.exact = true;
+  row.has_null = c.opt.normalizer == RowNorm::softmax1;
+  const index_t m = row.m(), dh = c.s.d_h, dv = c.s.d_v, hk = h / c.group();
+  const double s = c.null_logit(h);
+  row.out_mp.assign(static_cast<std::size_t>(dv), mp50(0));
+  row.p_mp.assign(static_cast<std::size_t>(m), mp50(0));
+  if (m == 0) {  // no visible key: Softmax1 puts everything on the null, plain softmax is the documented zero
+    row.lse_mp = row.has_null ? mp50(s) : mp50(-kInf);
+    row.p_null_mp = row.has_null ? mp50(1) : mp50(0);
+  } else {
+    Tensor<mp50> q1({1, 1, 1, dh}), k1({1, 1, m, dh}), v1({1, 1, m, dv});
+    const double* qr = c.qrow(b, h, t);
+    for (index_t x = 0; x < dh; ++x) q1[x] = mp50(qr[x]);
+    for (index_t j = 0; j < m; ++j) {
+      const double* kj = c.krow(b, hk, row.kr.begin + j);
+      const double* vj = c.vrow(b, hk, row.kr.begin + j);
+      for (index_t x = 0; x < dh; ++x) k1(0, 0, j, x) = mp50(kj[x]);
+      for (index_t x = 0; x < dv; ++x) v1(0, 0, j, x) = mp50(vj[x]);
+    }
+    AttentionOptions o;
+    o.normalizer = c.opt.normalizer;
+    if (row.has_null) o.null_logits = {s};
+    o.scale = c.opt.scale;  // unset: 1/sqrt(d_h) in mp50, as the whole-tensor reference
+    o.return_probs = true;
+    if (!c.opt.bias.empty()) {
+      o.bias = Tensor<double>({1, m});
+      for (index_t j = 0; j < m; ++j) o.bias(0, j) = attention_bias(c.opt, b, h, t, row.kr.begin + j);
+    }
+    const AttentionResult<mp50> r = token_attention(q1, k1, v1, o);
+    for (index_t x = 0; x < dv; ++x) row.out_mp[static_cast<std::size_t>(x)] = r.out[x];
+    for (index_t j = 0; j < m; ++j) row.p_mp[static_cast<std::size_t>(j)] = r.probs[j];
+    row.lse_mp = r.lse[0];
+    row.p_null_mp = r.p_null[0];
+  }
+  // double copies and the bound pieces
+  row.out.resize(static_cast<std::size_t>(dv));
+  row.p.resize(static_cast<std::size_t>(m));
+  for (index_t x = 0; x < dv; ++x) row.out[static_cast<std::size_t>(x)] = static_cast<double>(row.out_mp[static_cast<std::size_t>(x)]);
+  for (index_t j = 0; j < m; ++j) row.p[static_cast<std::size_t>(j)] = static_cast<double>(row.p_mp[static_cast<std::size_t>(j)]);
+  row.lse = static_cast<double>(row.lse_mp);
+  row.p_null = static_cast<double>(row.p_null_mp);
+  std::vector<double> dot(static_cast<std::size_t>(m)), Q(dot.size()), bias(dot.size()), w;
+  const double* qr = c.qrow(b, h, t);
+  for (index_t j = 0; j < m; ++j) {
+    const double* kj = c.krow(b, hk, row.kr.begin + j);
+    double d = 0, a = 0;
+    for (index_t x = 0; x < dh; ++x) {
+      d += qr[x] * kj[x];
+      a += std::abs(qr[x] * kj[x]);
+    }
+    dot[static_cast<std::size_t>(j)] = d;
+    Q[static_cast<std::size_t>(j)] = a;
+    bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, t, row.kr.begin + j);
+  }
+  bounds::ProbRow pr;
+  row_pieces(c, row, dot.data(), Q.data(), bias.data(), w, pr);
+  row.rho = 0;
+  row.G1.assign(static_cast<std::size_t>(dv), 0.0);
+  row.V1 = row.absv = row.out_R = row.rho_out = row.err_out = row.G1;
+  for (index_t x = 0; x < dv; ++x) {
+    double V1 = 0, G1 = 0, absv = 0;
+    std::vector<double> vc(static_cast<std::size_t>(m));
+    for (index_t j = 0; j < m; ++j) {
+      const auto ju = static_cast<std::size_t>(j);
+      vc[ju] = c.vrow(b, hk, row.kr.begin + j)[x];
+      const double av = std::abs(vc[ju]);
+      V1 += row.p[ju] * av;
+      G1 += row.p_wc[ju] * av;
+      absv += av;
+    }
+    const auto xu = static_cast<std::size_t>(x);
+    row.V1[xu] = V1;
+    row.G1[xu] = G1;
+    row.absv[xu] = absv;
+    row.out_R[xu] = bounds::prob_mix(pr, row.p.data(), vc.data(), 1, m, row.p_null, row.out[xu]);
+  }
+  return row;
+}
+
+}  // namespace oasis::verify::detail

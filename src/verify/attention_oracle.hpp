@@ -1,0 +1,106 @@
+// src/verify/attention_oracle.hpp — the references of op attention, row by row: the fast oracle
+// (double, matrix products of oracle_kernels.hpp, OpenMP over blocks of rows) and the mp50 oracle.
+//
+// A row is one (b, h, t): its out[b, h, t, :], lse, p_null and probs[b, h, t, :]. For each row the
+// oracle returns the reference and the u-free pieces of every bound (oasis/error_bounds.hpp with
+// u = 1 and no floor; oasis/prob_bounds.hpp), which AttnRow::bounds() assembles for a precision:
+//   probs_j   worst case u b1.p_j + floor,                 probabilistic 1.02 lambda u R(p_j) + floor
+//   out_c     1.02 (u (G1_c + m V1_c) + floor absv_c) + underflow_floor(m),
+//             probabilistic 1.02 lambda u R_c + floor absv_c + underflow_floor(m)
+// with G1_c = sum_j b1.p_j |v_jc|, V1_c = sum_j p_j |v_jc|, absv_c = sum over the visible range of
+// |v_jc|. The fast oracle's own error is the worst-case bound at u = 2^-53 (every summation order
+// is covered), so a row of the fast oracle carries its error, a row of the mp50 oracle none.
+#pragma once
+
+#include <vector>
+
+#include "oasis/attention.hpp"
+#include "oasis/error_bounds.hpp"
+#include "oasis/multiprecision.hpp"
+#include "oasis/prob_bounds.hpp"
+
+namespace oasis::verify::detail {
+
+/// One attention call as the engine holds it: inputs exact in double, in either layout.
+struct AttnCall {
+  const Tensor<double>& q;
+  const Tensor<double>& k;
+  const Tensor<double>& v;
+  const AttentionOptions& opt;  ///< validated; bias already combined with a mask
+  AttentionShape s;
+  double scale;                 ///< opt.scale or 1/sqrt(d_h) in double
+  bool probs_needed = true;     ///< the bounds of the individual probabilities are computed
+
+  AttnCall(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionOptions& o);
+  index_t rows() const { return s.B * s.H * s.Tq; }
+  index_t group() const { return s.H / s.H_kv; }
+  bool bthd() const { return opt.layout == AttentionLayout::bthd; }
+  const double* qrow(index_t b, index_t h, index_t t) const { return bthd() ? q.ptr(b, t, h) : q.ptr(b, h, t); }
+  const double* krow(index_t b, index_t hk, index_t j) const { return bthd() ? k.ptr(b, j, hk) : k.ptr(b, hk, j); }
+  const double* vrow(index_t b, index_t hk, index_t j) const { return bthd() ? v.ptr(b, j, hk) : v.ptr(b, hk, j); }
+  /// Flat index of out[b, h, t, 0] in the call's layout.
+  index_t out_offset(index_t b, index_t h, index_t t) const {
+    return bthd() ? ((b * s.Tq + t) * s.H + h) * s.d_v : ((b * s.H + h) * s.Tq + t) * s.d_v;
+  }
+  double null_logit(index_t h) const {
+    return opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
+  }
+};
+
+/// Bounds of one element at a precision: the worst case and the probabilistic E.
+struct ElemBounds {
+  double wc = 0, prob = 0;
+};
+
+/// The reference of one row and the u-free pieces of its bounds.
+struct AttnRow {
+  index_t b = 0, h = 0, t = 0;
+  KeyRange kr;                           ///< visible keys
+  bool exact = false;                    ///< computed in mp50
+  bool has_null = false;
+  // reference (double; the mp50 values too when exact)
+  std::vector<double> out, p;            ///< out[d_v]; p over kr (m)
+  double lse = 0, p_null = 0;
+  std::vector<mp50> out_mp, p_mp;
+  mp50 lse_mp, p_null_mp;
+  // worst-case pieces (u = 1, no floor)
+  std::vector<double> p_wc;              ///< b1.p_j (0 for masked keys)
+  std::vector<char> masked;              ///< keys of kr masked by the bias
+  double lse_wc = 0, p_null_wc = 0;
+  std::vector<double> G1, V1, absv;      ///< per c
+  // probabilistic pieces (R, units of u)
+  std::vector<double> p_R, out_R;
+  double lse_R = 0, p_null_R = 0;
+  double rho = 0;                        ///< relative uncertainty of the pieces (fast oracle)
+  std::vector<double> rho_out;           ///< per c, for out
+  std::vector<double> err_out;           ///< per c: the fast oracle's own error bound on out (0 when exact)
+
+  index_t m() const { return kr.count(); }
+  ElemBounds out_bounds(index_t c, const bounds::Precision& pr) const;
+  ElemBounds p_bounds(index_t j, const bounds::Precision& pr) const;     ///< j relative to kr.begin
+  ElemBounds lse_bounds(const bounds::Precision& pr) const;
+  ElemBounds p_null_bounds(const bounds::Precision& pr) const;
+};
+
+/// Reusable buffers of one thread of the fast oracle.
+struct AttnWorkspace {
+  std::vector<double> qb, qa, S, AQ, P3, W2, out0, out1, out2;
+};
+
+/// Packed keys and values of one (b, kv head) for the fast oracle.
+struct AttnPacked {
+  index_t b = -1, hk = -1, tkp = 0, dvp = 0;
+  std::vector<double> kt, kta;   ///< K^T and |K|^T: [d_h][tkp]
+  std::vector<double> vx;        ///< rows [V | |V| | V^2], each block dvp wide
+  std::vector<double> vabs_prefix;  ///< [(Tk + 1) x d_v] prefix sums of |v|
+};
+void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk);
+
+/// The fast oracle on the rows t[0..n) of query head h (kv head packed in pk): appends to `out`.
+void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t* t, index_t n, AttnWorkspace& ws,
+               std::vector<AttnRow>& out);
+
+/// The mp50 oracle on row (b, h, t).
+AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t);
+
+}  // namespace oasis::verify::detail

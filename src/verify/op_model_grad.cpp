@@ -1,0 +1,214 @@
+// src/verify/op_model_grad.cpp — model-level gradient tensors (docs/verify.md, "Model gradients").
+//
+// The implementation supplies dL/dlogits (input "grad_logits" [B, T, V]) and any of
+//   grad.<parameter>                 the gradient of every parameter (names of parameter_specs)
+//   grad_state, grad_embeddings      [B, T, d] total dL/d the readout state, dL/d the embedding rows
+//   <sublayer>.grad_<field>          SublayerGradTrace fields (oasis/grad/model_backward.hpp):
+//                                    grad_input, grad_output, grad_routed, grad_branch_psi,
+//                                    grad_sources, grad_g_old, grad_psi
+// Reference: the oracle's backward (oasis::model::model_backward) from the same ids, weights and
+// grad_logits, in mp50 (x_hp) and replayed in the tensor's precision (x_ref: Model<double> for
+// f64, Model<float> for f32). A gradient is the end of the whole model's chain, so no composed
+// first-order bound is non-vacuous (docs/model.md); the verdict is the backends' parity rule
+// (docs/tolerances.md item 4) per row — the last axis; a rank <= 1 tensor is one row — in the
+// infinity norm, as the forward's end-to-end verdict:
+//   max_row |x - x_hp| <= 2 max_row |x_ref - x_hp| + floor,
+//   floor = 0.5 ulp_D(max_row |x_hp|) + 2 * 1.02 N u_D max_row |x_hp|
+// (N = B T positions: the rounding of the final accumulation over the positions at the result's
+// size). f16/bf16 gradients are rejected (no plain replay in those precisions is defined).
+#include "op_model_grad.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "engine.hpp"
+#include "oasis/grad/model_backward.hpp"
+
+namespace oasis::verify::detail {
+
+namespace {
+
+namespace om = oasis::model;
+
+/// "i, j, k" of a flat index.
+std::string index_of(const Shape& shape, index_t flat) {
+  std::string s;
+  index_t stride = 1;
+  for (index_t d : shape) stride *= d;
+  for (std::size_t k = 0; k < shape.size(); ++k) {
+    stride /= shape[k];
+    s += (k ? ", " : "") + std::to_string(flat / stride);
+    flat %= stride;
+  }
+  return s;
+}
+
+template <class T>
+const Tensor<T>* trace_field(const om::SublayerGradTrace<T>& tr, const std::string& f) {
+  if (f == "grad_input") return &tr.grad_input;
+  if (f == "grad_output") return &tr.grad_output;
+  if (f == "grad_routed") return &tr.grad_routed;
+  if (f == "grad_branch_psi") return &tr.grad_branch_psi;
+  if (f == "grad_sources") return &tr.grad_sources;
+  if (f == "grad_g_old") return &tr.grad_g_old;
+  if (f == "grad_psi") return &tr.grad_psi;
+  return nullptr;
+}
+
+/// The tensor `name` of a backward result (nullptr: no such tensor; empty: not defined here).
+template <class T>
+const Tensor<T>* find_gradient(const om::ModelGrads<T>& g, const std::string& name) {
+  if (name == "grad_state") return &g.state;
+  if (name == "grad_embeddings") return &g.embeddings;
+  if (name.rfind("grad.", 0) == 0) {
+    const auto it = g.params.find(name.substr(5));
+    return it == g.params.end() ? nullptr : &it->second;
+  }
+  const std::size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  const std::string sub = name.substr(0, dot), field = name.substr(dot + 1);
+  for (const auto& tr : g.trace)
+    if (tr.name == sub) return trace_field(tr, field);
+  return nullptr;
+}
+
+std::string known_names(const om::ModelGrads<mp50>& g) {
+  std::ostringstream os;
+  os << "grad.<parameter> (";
+  bool first = true;
+  for (const auto& [n, t] : g.params) {
+    (void)t;
+    os << (first ? "" : ", ") << n;
+    first = false;
+  }
+  os << "), grad_state, grad_embeddings, <sublayer>.{grad_input, grad_output, grad_routed, grad_branch_psi, "
+        "grad_sources, grad_g_old, grad_psi} for the sublayers ";
+  first = true;
+  for (const auto& tr : g.trace) {
+    os << (first ? "" : ", ") << tr.name;
+    first = false;
+  }
+  return os.str();
+}
+
+/// The parity rule per row (header comment) of one gradient tensor.
+template <class T>
+TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, const Tensor<T>& ref,
+                         const Tensor<mp50>& hp, index_t N, int show) {
+  TensorReport r;
+  r.name = name;
+  r.dtype = got.dtype;
+  r.shape = got.values.shape();
+  r.elements = got.values.size();
+  if (got.values.shape() != hp.shape()) {
+    r.problem = "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " +
+                shape_str(hp.shape());
+    return r;
+  }
+  const double u = io::dtype_eps(got.dtype) / 2;
+  const index_t w = hp.rank() >= 2 ? hp.dim(hp.rank() - 1) : std::max<index_t>(hp.size(), 1);
+  const index_t rows = hp.size() / w;
+  for (index_t row = 0; row < rows; ++row) {
+    double err = 0, ref_err = 0, mag = 0;
+    index_t worst_i = row * w;
+    bool nan = false;
+    for (index_t c = 0; c < w; ++c) {
+      const index_t i = row * w + c;
+      const double h = static_cast<double>(hp[i]), x = got.values[i];
+      const double e = std::abs(x - h);
+      if (std::isnan(e)) nan = true;
+      if (e > err || std::isnan(e)) { err = e; worst_i = i; }
+      ref_err = std::max(ref_err, std::abs(static_cast<double>(ref[i]) - h));
+      mag = std::max(mag, std::abs(h));
+      r.max_abs = std::max(r.max_abs, std::isfinite(e) ? e : r.max_abs);
+      if (h != 0 && std::isfinite(e)) r.max_rel = std::max(r.max_rel, e / std::abs(h));
+      if (std::isfinite(e)) r.max_ulps = std::max(r.max_ulps, e / io::dtype_ulp(got.dtype, h));
+    }
+    const double floor = 0.5 * io::dtype_ulp(got.dtype, mag) + 2 * 1.02 * static_cast<double>(N) * u * mag;
+    const double allowed = 2 * ref_err + floor;
+    const double ratio = nan ? INFINITY : err / allowed;
+    r.worst_ratio = std::max(r.worst_ratio, ratio);
+    if (!(err <= allowed) || nan) {
+      if (static_cast<index_t>(r.first_mismatches.size()) < show) {
+        std::ostringstream os;
+        os.precision(9);
+        os << name << " row " << row << ": max |err| " << err << " at [" << index_of(hp.shape(), worst_i) << "] (got "
+           << got.values[worst_i] << ", oracle " << static_cast<double>(hp[worst_i]) << "), allowed " << allowed
+           << " = 2 x replay's " << ref_err << " + floor " << floor;
+        r.first_mismatches.push_back(os.str());
+      }
+      for (index_t c = 0; c < w; ++c)  // the elements of the row beyond its allowance
+        if (!(std::abs(got.values[row * w + c] - static_cast<double>(hp[row * w + c])) <= allowed)) ++r.violations;
+    }
+  }
+  r.passed = r.violations == 0;
+  return r;
+}
+
+}  // namespace
+
+bool is_model_gradient_name(const std::string& name) {
+  if (name == "grad_state" || name == "grad_embeddings" || name.rfind("grad.", 0) == 0) return true;
+  const std::size_t dot = name.rfind('.');
+  return dot != std::string::npos && name.compare(dot + 1, 5, "grad_") == 0;
+}
+
+void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
+                           const io::TensorMap& inputs, const io::TensorMap& outputs, const CompareOptions& opt,
+                           CompareReport& rep, std::set<std::string>& checked) {
+  std::vector<std::string> names;
+  for (const auto& [n, t] : outputs) {
+    (void)t;
+    if (is_model_gradient_name(n)) names.push_back(n);
+  }
+  const auto gl = inputs.find("grad_logits");
+  if (names.empty()) {
+    if (gl != inputs.end())
+      rep.notes.push_back("input 'grad_logits' given but the outputs hold no gradient tensor (grad.<parameter>, "
+                          "grad_state, grad_embeddings, <sublayer>.grad_*): no gradient was checked");
+    return;
+  }
+  const om::ModelConfig& cfg = m.config();
+  OASIS_REQUIRE(gl != inputs.end(), "grad_logits", "the gradient tensors (", names.front(),
+                ", ...) are checked from the implementation's own dL/dlogits: provide input tensor 'grad_logits' ",
+                shape_str(Shape{B, Tn, cfg.vocab_size}));
+  const Tensor<double>& dl = gl->second.values;
+  OASIS_REQUIRE(dl.shape() == (Shape{B, Tn, cfg.vocab_size}), "grad_logits", "shape ", shape_str(dl.shape()),
+                " is not [B, T, vocab] = ", shape_str(Shape{B, Tn, cfg.vocab_size}));
+  for (index_t i = 0; i < dl.size(); ++i)
+    OASIS_REQUIRE(std::isfinite(dl[i]), "grad_logits", "entry ", i, " is not finite");
+  om::require_backward_support(cfg);
+  const om::ModelGrads<mp50> hp = om::model_backward(m, ids, B, Tn, dl.cast<mp50>());
+  std::map<io::DType, bool> need;
+  for (const std::string& n : names) {
+    const Tensor<mp50>* t = find_gradient(hp, n);
+    OASIS_REQUIRE(t, n, "is not a gradient tensor of this model; known: ", known_names(hp));
+    OASIS_REQUIRE(!t->empty(), n, "is not defined for this configuration (",
+                  cfg.attn_res() ? "this sublayer has no such router tensor" : "the original backbone has no routers",
+                  ")");
+    const io::DType d = outputs.at(n).dtype;
+    OASIS_REQUIRE(d == io::DType::f32 || d == io::DType::f64, n, "is stored in ", io::safetensors_name(d),
+                  ": model-level gradients are checked in F32 or F64 only (the parity rule needs a plain replay in "
+                  "the tensor's precision)");
+    need[d] = true;
+  }
+  om::ModelGrads<float> ref32;
+  om::ModelGrads<double> ref64;
+  if (need.count(io::DType::f32)) ref32 = om::model_backward(m.cast<float>(), ids, B, Tn, dl.cast<float>());
+  if (need.count(io::DType::f64)) ref64 = om::model_backward(m.cast<double>(), ids, B, Tn, dl);
+  const index_t N = B * Tn;
+  for (const std::string& n : names) {
+    const io::StoredTensor& got = outputs.at(n);
+    const Tensor<mp50>& h = *find_gradient(hp, n);
+    rep.tensors.push_back(got.dtype == io::DType::f64 ? parity_rows(n, got, *find_gradient(ref64, n), h, N, opt.show)
+                                                      : parity_rows(n, got, *find_gradient(ref32, n), h, N, opt.show));
+    checked.insert(n);
+  }
+  checked.insert("grad_logits");
+  rep.notes.push_back("gradients: end-to-end parity per row against the oracle's backward from grad_logits, replayed in "
+                      "the tensor's precision (docs/verify.md, \"Model gradients\")");
+}
+
+}  // namespace oasis::verify::detail

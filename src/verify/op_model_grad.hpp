@@ -1,0 +1,28 @@
+// src/verify/op_model_grad.hpp — the model level's gradient tensors (op_model_grad.cpp; docs/verify.md,
+// "Model gradients"). op_model.cpp calls check_model_gradients once per model check.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "oasis/io/dtype.hpp"
+#include "oasis/model/model.hpp"
+#include "oasis/multiprecision.hpp"
+#include "oasis/verify/report.hpp"
+
+namespace oasis::verify::detail {
+
+/// Whether `name` is a model-level gradient tensor name: "grad.<parameter>", "grad_state",
+/// "grad_embeddings" or "<sublayer>.grad_<field>" (known or not: unknown ones are errors there).
+bool is_model_gradient_name(const std::string& name);
+
+/// Checks every gradient tensor of `outputs` (is_model_gradient_name) against the oracle's backward
+/// from the implementation's own dL/dlogits (input tensor "grad_logits" [B, T, V]) under the
+/// end-to-end parity rule; adds one report row per tensor and the checked names to `checked`.
+/// Without gradient tensors it does nothing (a lone grad_logits gets a note).
+void check_model_gradients(const model::Model<mp50>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
+                           const io::TensorMap& inputs, const io::TensorMap& outputs, const CompareOptions& opt,
+                           CompareReport& rep, std::set<std::string>& checked);
+
+}  // namespace oasis::verify::detail

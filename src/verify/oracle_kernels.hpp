@@ -1,0 +1,37 @@
+// src/verify/oracle_kernels.hpp — the double-precision matrix products of the fast oracle.
+//
+// One routine, C (+)= A B on row-major double matrices, written once (oracle_kernels_impl.inc)
+// over a GCC/Clang vector type of W double lanes and compiled per instruction set as the fast CPU
+// kernels are (src/cpu_fast/fast_kernels.hpp explains the target regions): avx512 (W = 8),
+// avx2+fma (W = 4), the baseline (W = 2). oracle_gemm() uses the widest one the CPU supports.
+// Any summation order is covered by the oracle's own error bound (gamma_n bounds hold for every
+// order, with or without fused multiply-add), so the choice of kernel never changes a verdict.
+#pragma once
+
+#include <cstdint>
+
+namespace oasis::verify::kernels {
+
+using idx = std::int64_t;
+
+/// Column count that every B and C passed to oracle_gemm must be a multiple of.
+inline constexpr idx kColumnQuantum = 32;
+
+struct Gemm {
+  const char* isa;
+  /// C[M x N] = (accumulate ? C : 0) + A[M x K] B[K x N]; leading dimensions lda, ldb, ldc;
+  /// N a multiple of kColumnQuantum.
+  void (*gemm)(const double* A, idx lda, const double* B, idx ldb, double* C, idx ldc, idx M, idx N, idx K,
+               bool accumulate);
+};
+
+const Gemm& gemm_generic();
+#if defined(__x86_64__) || defined(_M_X64)
+const Gemm& gemm_avx2();
+const Gemm& gemm_avx512();
+#endif
+
+/// The widest variant this CPU runs (OASIS_ORACLE_ISA=generic|avx2 forces a narrower one).
+const Gemm& oracle_gemm();
+
+}  // namespace oasis::verify::kernels

@@ -1,0 +1,34 @@
+// src/verify/oracle_kernels_avx2.cpp — the oracle's matrix product (oracle_kernels_impl.inc)
+// compiled for avx2. The target region starts after every include (src/cpu_fast/fast_kernels.hpp).
+#include "oracle_kernels.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace oasis::verify::kernels::avx2_impl {
+constexpr int W = 4;
+typedef double V __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c); }
+constexpr int MR = 4, NC = 2;
+#define ISA_NAME "avx2"
+#include "oracle_kernels_impl.inc"
+#undef ISA_NAME
+}  // namespace oasis::verify::kernels::avx2_impl
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace oasis::verify::kernels {
+const Gemm& gemm_avx2() { return avx2_impl::table; }
+}  // namespace oasis::verify::kernels
+#endif

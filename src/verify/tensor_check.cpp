@@ -1,0 +1,185 @@
+// src/verify/tensor_check.cpp — the element-by-element decisions of tensor_check.hpp.
+#include "tensor_check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace oasis::verify::detail {
+namespace {
+
+std::string index_str(const Shape& shape, index_t flat) {
+  std::vector<index_t> ix(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    ix[d] = shape[d] ? flat % shape[d] : 0;
+    flat = shape[d] ? flat / shape[d] : 0;
+  }
+  return shape_str(ix);
+}
+
+std::string num(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+constexpr int kBinadeOffset = 1100;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// The policy and certain bounds at reference magnitude `mag` with terms scaled by `f`.
+struct Bounds {
+  double policy, certain;
+};
+Bounds bounds_at(io::DType d, double mag, const Allowed& a, double f) {
+  const double C = a.certain * f, E = a.policy * f;
+  const double certain = 0.5 * io::dtype_ulp(d, mag) + C;
+  const double pol = a.storage ? 0.5 * io::dtype_ulp(d, mag + E) + E : 0.5 * io::dtype_ulp(d, mag) + E;
+  return {std::min(pol, certain), certain};
+}
+
+}  // namespace
+
+TensorCheck::TensorCheck(std::string name, const io::StoredTensor& got, int show)
+    : name_(std::move(name)), got_(&got), show_(show) {}
+
+void TensorCheck::note_mismatch(index_t flat, const std::string& text) {
+  if (show_ <= 0) return;
+  mismatches_.emplace_back(flat, text);
+  if (mismatches_.size() > 4 * static_cast<std::size_t>(show_)) {
+    std::sort(mismatches_.begin(), mismatches_.end());
+    mismatches_.resize(static_cast<std::size_t>(show_));
+  }
+}
+
+bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
+  const io::DType d = got_->dtype;
+  const double x = got_->values[flat];
+  const double r = ref.hi + ref.lo;
+  const double e = ref.exact ? 0.0 : ref.err;
+  double dist;            // |x - r|, the best estimate of the error
+  bool pass_p, pass_c;    // the decisions
+  Bounds b = bounds_at(d, std::fabs(r), a, 1.0);
+  if (std::isnan(x)) {
+    dist = std::numeric_limits<double>::quiet_NaN();
+    pass_p = pass_c = false;
+  } else if (std::isinf(r)) {  // -inf (LSE of a fully masked plain-softmax row): exactly
+    dist = x == r ? 0.0 : kInf;
+    pass_p = pass_c = x == r;
+    b = {0.0, 0.0};
+  } else if (!std::isfinite(x)) {
+    dist = kInf;
+    pass_p = pass_c = false;
+  } else if (ref.exact) {
+    const mp50 dm = abs(mp50(x) - *ref.exact);
+    dist = static_cast<double>(dm);
+    pass_p = dm <= mp50(b.policy);
+    pass_c = dm <= mp50(b.certain);
+  } else {
+    const double diff = (x - ref.hi) - ref.lo;
+    dist = std::fabs(diff);
+    const double slack = e + std::ldexp(dist, -51);  // the reference's error and two roundings of diff
+    const double mag = std::fabs(r);
+    const Bounds lo = bounds_at(d, std::max(0.0, mag - e), a, 1.0 - a.rho);
+    const Bounds hi = bounds_at(d, mag + e, a, 1.0 + a.rho);
+    auto decide = [&](double blo, double bhi, bool* pass) {
+      if (dist + slack <= blo) { *pass = true; return true; }
+      if (dist - slack > bhi) { *pass = false; return true; }
+      return false;
+    };
+    if (!decide(lo.policy, hi.policy, &pass_p) || !decide(lo.certain, hi.certain, &pass_c)) return false;
+  }
+  ++checked_;
+  if (std::isnan(dist)) nan_ = true;
+  else max_abs_ = std::max(max_abs_, dist);
+  if (std::isfinite(r)) {
+    if (r != 0) max_rel_ = std::max(max_rel_, dist / std::fabs(r));
+    sum_sq_ += r * r;
+    ++n_sq_;
+    if (r == 0) max_err_zero_ = std::max(max_err_zero_, dist);
+    else {
+      const int be = std::ilogb(std::fabs(r)) + kBinadeOffset;
+      double& m = max_err_by_binade_[static_cast<std::size_t>(std::clamp(be, 0, static_cast<int>(max_err_by_binade_.size()) - 1))];
+      m = std::max(m, dist);
+    }
+  }
+  auto ratio = [&](double bound) { return bound > 0 ? dist / bound : (dist > 0 ? kInf : 0.0); };
+  if (!std::isnan(dist)) {
+    worst_ = std::max(worst_, ratio(b.policy));
+    worst_certain_ = std::max(worst_certain_, ratio(b.certain));
+  }
+  if (!pass_c) ++violations_certain_;
+  if (!pass_p) {
+    ++violations_;
+    const double ulp = io::dtype_ulp(d, r);
+    note_mismatch(flat, name_ + index_str(got_->values.shape(), flat) + ": got " + num(x) + " ref " + num(r) + " |err| " +
+                            num(dist) + " (" + num(dist / ulp) + " ulp) bound " + num(b.policy) +
+                            (pass_c ? "" : " (outside the certain bound " + num(b.certain) + ")"));
+  }
+  return true;
+}
+
+void TensorCheck::merge(const TensorCheck& o) {
+  checked_ += o.checked_;
+  violations_ += o.violations_;
+  violations_certain_ += o.violations_certain_;
+  max_abs_ = std::max(max_abs_, o.max_abs_);
+  max_rel_ = std::max(max_rel_, o.max_rel_);
+  worst_ = std::max(worst_, o.worst_);
+  worst_certain_ = std::max(worst_certain_, o.worst_certain_);
+  nan_ = nan_ || o.nan_;
+  sum_sq_ += o.sum_sq_;
+  n_sq_ += o.n_sq_;
+  for (std::size_t i = 0; i < max_err_by_binade_.size(); ++i)
+    max_err_by_binade_[i] = std::max(max_err_by_binade_[i], o.max_err_by_binade_[i]);
+  max_err_zero_ = std::max(max_err_zero_, o.max_err_zero_);
+  for (const auto& m : o.mismatches_) note_mismatch(m.first, m.second);
+}
+
+TensorReport TensorCheck::finish(const std::string& bound) const {
+  TensorReport r;
+  r.name = name_;
+  r.dtype = got_->dtype;
+  r.shape = got_->values.shape();
+  r.elements = got_->values.size();
+  r.checked = checked_;
+  r.bound = bound;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.max_abs = nan_ ? nan : max_abs_;
+  r.max_rel = nan_ ? nan : max_rel_;
+  r.worst_ratio = nan_ ? nan : worst_;
+  r.worst_ratio_certain = nan_ ? nan : worst_certain_;
+  // ulps at max(|ref|, rms): ulp_D is constant on a binade [2^e, 2^(e+1)), so per binade it is
+  // ulp_D(max(2^e, rms)).
+  const double rms = n_sq_ ? std::sqrt(sum_sq_ / static_cast<double>(n_sq_)) : 0.0;
+  double ulps = max_err_zero_ / io::dtype_ulp(r.dtype, rms);
+  for (std::size_t i = 0; i < max_err_by_binade_.size(); ++i)
+    if (max_err_by_binade_[i] > 0) {
+      const double lo = std::ldexp(1.0, static_cast<int>(i) - kBinadeOffset);
+      ulps = std::max(ulps, max_err_by_binade_[i] / io::dtype_ulp(r.dtype, std::max(lo, rms)));
+    }
+  r.max_ulps = nan_ ? nan : ulps;
+  r.violations = violations_;
+  r.violations_certain = violations_certain_;
+  r.passed = violations_ == 0;
+  r.certain_failure = violations_certain_ > 0;
+  std::vector<std::pair<index_t, std::string>> m = mismatches_;
+  std::sort(m.begin(), m.end());
+  for (std::size_t i = 0; i < m.size() && i < static_cast<std::size_t>(show_); ++i) r.first_mismatches.push_back(m[i].second);
+  return r;
+}
+
+TensorReport shape_mismatch(const std::string& name, const io::StoredTensor& got, const Shape& want) {
+  TensorReport r;
+  r.name = name;
+  r.dtype = got.dtype;
+  r.shape = got.values.shape();
+  r.elements = got.values.size();
+  r.problem = "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(want);
+  r.violations = r.violations_certain = r.elements;
+  r.certain_failure = true;
+  r.max_abs = r.worst_ratio = r.worst_ratio_certain = kInf;
+  return r;
+}
+
+}  // namespace oasis::verify::detail

@@ -1,0 +1,41 @@
+# tests/grad/model_grad_example.cmake — runs exactly the model-gradient walkthrough of docs/verify.md:
+#   producer DIR;                          oasis-verify compare DIR/model_grad.json -> exit 0, 31 of 31 PASS
+#   producer DIR --mistake theta-buffer;   compare -> exit 1, the two non-zero theta gradients FAIL, 29 PASS
+#   producer DIR --mistake loss-scale;     compare -> exit 1, max rel 0.8333 (= 1 - 1/N, N = 6 tokens)
+# Invoked as cmake -DPRODUCER=.. -DVERIFY=.. -DWORK=.. -P model_grad_example.cmake
+function(run_step expect_rc)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "$ ${ARGN}\n${out}${err}")
+  if(NOT rc EQUAL expect_rc)
+    message(FATAL_ERROR "expected exit status ${expect_rc}, got ${rc}")
+  endif()
+  set(LAST_OUTPUT "${out}" PARENT_SCOPE)
+endfunction()
+function(expect_match regex)
+  if(NOT LAST_OUTPUT MATCHES "${regex}")
+    message(FATAL_ERROR "output does not match '${regex}'")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK})
+foreach(d good theta scale)
+  file(MAKE_DIRECTORY ${WORK}/${d})
+endforeach()
+
+run_step(0 ${PRODUCER} ${WORK}/good)
+run_step(0 ${VERIFY} compare ${WORK}/good/model_grad.json)
+expect_match("\n  grad.layers.1.mlp_res.theta f32 [^\n]* PASS")
+expect_match("verdict: PASS \\(31 of 31")
+
+run_step(0 ${PRODUCER} ${WORK}/theta --mistake theta-buffer)
+run_step(1 ${VERIFY} compare ${WORK}/theta/model_grad.json)
+expect_match("\n  grad.final_res.theta f32 [^\n]* FAIL")
+expect_match("\n  grad.layers.1.mlp_res.theta f32 [^\n]* FAIL")
+expect_match("\n  grad.layers.0.attn_res.theta f32 [^\n]* PASS")
+expect_match("got 0, oracle -0.239")
+expect_match("verdict: FAIL \\(29 of 31")
+
+run_step(0 ${PRODUCER} ${WORK}/scale --mistake loss-scale)
+run_step(1 ${VERIFY} compare ${WORK}/scale/model_grad.json)
+expect_match("\n  grad.norm.weight f32 [^\n]* 0.8333 [^\n]* FAIL")
+expect_match("verdict: FAIL")

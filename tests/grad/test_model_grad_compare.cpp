@@ -1,0 +1,189 @@
+// Model-level gradient tensors in the compare engine (check_model, op "model"; docs/verify.md,
+// "Model gradients"): correct implementations in float32 and float64 (the oracle's own replay,
+// micro-batch accumulation, a double computation rounded to float) pass the end-to-end parity
+// rule, every mutant of the zoo fails it, and bad input is named.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "model_grad_support.hpp"
+#include "oasis/verify/compare.hpp"
+
+using namespace oasis;
+using namespace oasis::model_grad_test;
+namespace io = oasis::io;
+
+namespace {
+
+template <class T>
+io::StoredTensor stored(const Tensor<T>& t, io::DType d) {
+  return {d, t.template cast<double>()};
+}
+
+struct GradCase {
+  ModelCase mc;
+  om::Model<float> m;
+  LossInputs li;
+  io::TensorMap weights, inputs;
+};
+
+GradCase make_case(const std::string& case_name, std::uint64_t seed) {
+  GradCase s{case_named(case_name), random_model<float>(case_named(case_name).cfg, seed), {}, {}, {}};
+  s.li = loss_inputs(s.mc, seed);
+  s.li.R = s.li.R.cast<float>().cast<double>();  // dL/dlogits exact in float
+  for (const auto& [n, t] : s.m.parameters()) s.weights[n] = stored(t, io::DType::f32);
+  Tensor<double> ids({s.mc.B, s.mc.T});
+  for (index_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(s.li.ids[static_cast<std::size_t>(i)]);
+  s.inputs["ids"] = {io::DType::f32, ids};
+  s.inputs["grad_logits"] = {io::DType::f32, s.li.R};
+  return s;
+}
+
+/// The gradient tensors an implementation writes: every parameter, the embeddings and a few trace tensors.
+template <class T>
+io::TensorMap gradient_outputs(const om::ModelGrads<T>& g, io::DType d, bool with_trace = true) {
+  io::TensorMap out;
+  for (const auto& [n, t] : g.params) out["grad." + n] = stored(t, d);
+  out["grad_embeddings"] = stored(g.embeddings, d);
+  if (with_trace) {
+    out["grad_state"] = stored(g.state, d);
+    for (const auto& tr : g.trace) {
+      if (!tr.grad_output.empty()) out[tr.name + ".grad_output"] = stored(tr.grad_output, d);
+      if (!tr.grad_sources.empty()) out[tr.name + ".grad_sources"] = stored(tr.grad_sources, d);
+      if (!tr.grad_psi.empty()) out[tr.name + ".grad_psi"] = stored(tr.grad_psi, d);
+      if (!tr.grad_branch_psi.empty()) out[tr.name + ".grad_branch_psi"] = stored(tr.grad_branch_psi, d);
+    }
+  }
+  return out;
+}
+
+verify::CompareReport run(const GradCase& s, const io::TensorMap& out) {
+  return verify::check_model(s.mc.cfg, s.weights, s.inputs, out);
+}
+
+double worst_ratio(const verify::CompareReport& r) {
+  double w = 0;
+  for (const auto& t : r.tensors) w = std::max(w, t.worst_ratio);
+  return w;
+}
+
+/// Per-sequence backward passes summed in float (gradient accumulation over micro-batches): a
+/// correct implementation whose sums run in another order than the oracle's.
+om::ModelGrads<float> micro_batches(const GradCase& s) {
+  const index_t B = s.mc.B, T = s.mc.T, V = s.mc.cfg.vocab_size, d = s.mc.cfg.d_model;
+  om::ModelGrads<float> total;
+  total.embeddings = Tensor<float>({B, T, d});
+  for (index_t b = 0; b < B; ++b) {
+    const std::vector<index_t> ids(s.li.ids.begin() + b * T, s.li.ids.begin() + (b + 1) * T);
+    Tensor<float> dl({1, T, V});
+    for (index_t i = 0; i < T * V; ++i) dl[i] = static_cast<float>(s.li.R[b * T * V + i]);
+    const om::ModelGrads<float> g = om::model_backward(s.m, ids, 1, T, dl);
+    for (const auto& [n, t] : g.params) {
+      auto it = total.params.find(n);
+      if (it == total.params.end()) total.params.emplace(n, t);
+      else for (index_t i = 0; i < t.size(); ++i) it->second[i] += t[i];
+    }
+    for (index_t i = 0; i < T * d; ++i) total.embeddings[b * T * d + i] = g.embeddings[i];
+  }
+  return total;
+}
+
+const char* kCases[] = {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "kimi_block3_oasis_tied",
+                        "authors_oasis", "authors_aos_tied", "original"};
+
+TEST(ModelGradCompare, CorrectImplementationsPass) {
+  double worst32 = 0, worst64 = 0;
+  for (const char* c : kCases) {
+    SCOPED_TRACE(c);
+    const GradCase s = make_case(c, base_seed());
+    const Tensor<float> dl = s.li.R.cast<float>();
+    const om::ModelGrads<float> g32 = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, dl);
+    const om::ModelGrads<double> g64 = om::model_backward(s.m.cast<double>(), s.li.ids, s.mc.B, s.mc.T, s.li.R);
+    const std::pair<const char*, io::TensorMap> impls[] = {
+        {"oracle float32", gradient_outputs(g32, io::DType::f32)},
+        {"micro-batch accumulation float32", gradient_outputs(micro_batches(s), io::DType::f32, false)},
+        {"double rounded to float32", gradient_outputs(g64, io::DType::f32)},
+        {"oracle float64", gradient_outputs(g64, io::DType::f64)}};
+    for (const auto& [what, out] : impls) {
+      const verify::CompareReport r = run(s, out);
+      EXPECT_TRUE(r.passed) << what << "\n" << verify::format_report(r);
+      EXPECT_GE(r.tensors.size(), out.size()) << what;
+      (out.begin()->second.dtype == io::DType::f64 ? worst64 : worst32) =
+          std::max(out.begin()->second.dtype == io::DType::f64 ? worst64 : worst32, worst_ratio(r));
+    }
+  }
+  std::printf("correct implementations: worst err / allowed = %.3g (float32), %.3g (float64)\n", worst32, worst64);
+}
+
+TEST(ModelGradCompare, EveryMutantFails) {
+  for (const auto& [mu, cname] : mutant_cases()) {
+    SCOPED_TRACE(std::string(name_of(mu)) + " on " + cname);
+    const GradCase s = make_case(cname, base_seed());
+    const om::ModelGrads<float> g = mutant_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>(), mu);
+    const verify::CompareReport r = run(s, gradient_outputs(g, io::DType::f32));
+    EXPECT_FALSE(r.passed) << verify::format_report(r);
+    std::string first;
+    for (const auto& t : r.tensors)
+      if (!t.passed && first.empty()) first = t.name;
+    std::printf("  %-44s %-30s fails: worst err / allowed %.3g, first failing tensor %s\n", name_of(mu), cname.c_str(),
+                worst_ratio(r), first.c_str());
+  }
+}
+
+TEST(ModelGradCompare, BadInputIsNamed) {
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+  const io::TensorMap good = gradient_outputs(g, io::DType::f32, false);
+  auto throws_naming = [&](const io::TensorMap& in, const io::TensorMap& out, const std::string& what) {
+    try {
+      (void)verify::check_model(s.mc.cfg, s.weights, in, out);
+      ADD_FAILURE() << "no error; expected one naming " << what;
+    } catch (const oasis::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  io::TensorMap no_dl = s.inputs;
+  no_dl.erase("grad_logits");
+  throws_naming(no_dl, good, "grad_logits");
+  io::TensorMap bad_dl = s.inputs;
+  bad_dl["grad_logits"].values = Tensor<double>({s.mc.B, s.mc.T});
+  throws_naming(bad_dl, good, "grad_logits");
+  io::TensorMap unknown = good;
+  unknown["grad.layers.0.attn.no_such.weight"] = good.begin()->second;
+  throws_naming(s.inputs, unknown, "grad.layers.0.attn.no_such.weight");
+  io::TensorMap unknown_field = good;
+  unknown_field["layers.0.attn.grad_nothing"] = good.at("grad_embeddings");
+  throws_naming(s.inputs, unknown_field, "layers.0.attn.grad_nothing");
+  io::TensorMap bf16 = good;
+  bf16.begin()->second.dtype = io::DType::bf16;
+  throws_naming(s.inputs, bf16, "F32 or F64");
+  // a wrong shape fails that tensor (it is not an input error)
+  io::TensorMap shape = good;
+  shape["grad.norm.weight"].values = Tensor<double>({3});
+  const verify::CompareReport r = run(s, shape);
+  EXPECT_FALSE(r.passed);
+  // grad_logits without gradient tensors: a note, the forward's checks run as before
+  io::TensorMap logits_only;
+  logits_only["logits"] = stored(s.m.forward(s.li.ids, s.mc.B, s.mc.T).logits, io::DType::f32);
+  const verify::CompareReport rl = run(s, logits_only);
+  bool noted = false;
+  for (const auto& n : rl.notes) noted = noted || n.find("no gradient was checked") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // gated attention has no backward: named
+  GradCase gs = make_case("kimi_full_token_only", base_seed());
+  gs.mc.cfg.gated_attention = true;
+  const om::Model<float> gm = om::Model<float>::initialized(gs.mc.cfg, 3);
+  gs.weights.clear();
+  for (const auto& [n, t] : gm.parameters()) gs.weights[n] = stored(t, io::DType::f32);
+  io::TensorMap one;
+  one["grad.norm.weight"] = {io::DType::f32, Tensor<double>({gs.mc.cfg.d_model})};
+  try {
+    (void)verify::check_model(gs.mc.cfg, gs.weights, gs.inputs, one);
+    ADD_FAILURE() << "gated attention accepted";
+  } catch (const oasis::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("gated_attention"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,282 @@
+// tests/verify/test_policy.cpp — the compare policies (oasis/verify/policy.hpp) have teeth and
+// raise no false alarm: every mutant of the zoo (tests/verify/attention_zoo.hpp) fails under the
+// default policy at the shapes where the worst-case bound let it pass, and every correct
+// implementation of the zoo passes every case; the fast oracle's verdicts are the mp50 oracle's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "attention_zoo.hpp"
+#include "oasis/oasis.hpp"
+#include "oasis/prob_bounds.hpp"
+#include "oasis/verify/compare.hpp"
+
+namespace io = oasis::io;
+namespace verify = oasis::verify;
+namespace zoo = oasis::zoo;
+using oasis::index_t;
+using oasis::Tensor;
+
+namespace {
+
+io::TensorMap inputs_of(const zoo::Case& c) {
+  io::TensorMap in;
+  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
+  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
+  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
+  return in;
+}
+
+/// The outputs named in `names` (all four when empty), stored in d.
+io::TensorMap outputs_of(const zoo::Result& r, io::DType d, std::vector<std::string> names = {}) {
+  if (names.empty()) names = {"out", "lse", "p_null", "probs"};
+  io::TensorMap out;
+  for (const auto& n : names) {
+    const Tensor<float>& t = n == "out" ? r.out : n == "lse" ? r.lse : n == "p_null" ? r.p_null : r.probs;
+    out.emplace(n, io::StoredTensor{d, t.cast<double>()});
+  }
+  return out;
+}
+
+io::json::Value options_of(const zoo::Case& c) {
+  std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
+  if (!c.opt.null_logits.empty()) {
+    s += ", \"null_logits\": [";
+    for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+      char b[40];
+      std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+      s += b;
+    }
+    s += "]";
+  }
+  return io::json::parse(s + "}");
+}
+
+zoo::Result run_impl(const zoo::Impl& im, const zoo::Case& c, io::DType d) {
+  oasis::AttentionOptions o = c.opt;
+  o.return_probs = true;
+  zoo::Result r = zoo::attention(im, c.q, c.k, c.v, o);
+  return d == io::DType::f32 ? r : zoo::storage(r, d);
+}
+
+verify::CompareReport check(const zoo::Case& c, const io::TensorMap& out, verify::Policy p = verify::Policy::probabilistic,
+                            verify::Oracle oracle = verify::Oracle::fast) {
+  verify::CompareOptions co;
+  co.policy = p;
+  co.oracle = oracle;
+  return verify::check("attention", inputs_of(c), out, options_of(c), co);
+}
+
+zoo::Case find_case(const std::string& name) {
+  for (auto& c : zoo::policy_cases())
+    if (c.name == name) return c;
+  throw std::runtime_error("no case " + name);
+}
+
+zoo::Impl mutant(zoo::Bug b) {
+  for (const auto& m : zoo::mutants())
+    if (m.bug == b) return m;
+  throw std::runtime_error("no mutant");
+}
+
+}  // namespace
+
+// Every correct implementation passes every case in every dtype under the default policy (16-bit:
+// accumulated in float, stored once) and the certain line; kernels that also round P to 16 bits
+// pass under the p16 policy.
+TEST(ComparePolicy, NoFalseAlarmOverTheCorrectZoo) {
+  for (const zoo::Case& c : zoo::policy_cases())
+    for (io::DType d : c.dtypes) {
+      for (const zoo::Impl& im : zoo::correct_zoo(c.small_logits)) {
+        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d));
+        EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
+        for (const auto& t : r.tensors) EXPECT_FALSE(t.certain_failure) << c.name << " " << im.name << " " << t.name;
+      }
+      if (d == io::DType::f32) continue;
+      for (zoo::Impl im : {zoo::Impl{"p16_plain", zoo::Algo::plain}, zoo::Impl{"p16_online_b64", zoo::Algo::online, 64}}) {
+        im.p16 = true;
+        im.p16_type = d;
+        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d), verify::Policy::p16);
+        EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
+      }
+    }
+}
+
+// float32, one query over 4096 keys, sinks in [-3, 3]: the null counted twice and a causal mask
+// that excludes the diagonal fail `out` alone (the worst-case bound passes them: 0.2 and 0.5).
+TEST(ComparePolicy, MutantsFailAt4096Keys) {
+  const zoo::Case c = find_case("decode_4096_sinks");
+  for (zoo::Bug b : {zoo::Bug::null_twice, zoo::Bug::causal_no_diagonal}) {
+    const zoo::Result r = run_impl(mutant(b), c, io::DType::f32);
+    const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+    EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
+    EXPECT_FALSE(check(c, outputs_of(r, io::DType::f32)).passed) << mutant(b).name;
+  }
+}
+
+// 512 keys, `out` alone: plain softmax instead of Softmax1 (the sink dropped), a doubled null and
+// a sink scaled by the softmax scale fail.
+TEST(ComparePolicy, MutantsFailOnOutAloneAt512Keys) {
+  const zoo::Case c = find_case("decode_512_sinks");
+  for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::null_twice, zoo::Bug::sink_times_scale}) {
+    const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(b), c, io::DType::f32), io::DType::f32, {"out"}));
+    EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
+  }
+}
+
+// bf16 outputs computed in float and stored in bf16: the sink dropped, the sink scaled by the
+// softmax scale and the doubled null fail `out` alone at 4, 16 and 64 keys; under the worst-case
+// policy (every intermediate in bf16) they pass, which is what the default replaces.
+TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
+  for (const char* name : {"bf16_4_keys", "bf16_16_keys", "prefill_64_sinks"}) {
+    const zoo::Case c = find_case(name);
+    for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::sink_times_scale, zoo::Bug::null_twice}) {
+      const io::TensorMap out = outputs_of(run_impl(mutant(b), c, io::DType::bf16), io::DType::bf16, {"out"});
+      const verify::CompareReport rep = check(c, out);
+      EXPECT_FALSE(rep.passed) << name << " " << mutant(b).name << "\n" << verify::format_report(rep);
+    }
+  }
+  // the teeth the default adds: the doubled null passed the worst-case policy at 16 keys
+  const zoo::Case c = find_case("bf16_16_keys");
+  const io::TensorMap out = outputs_of(run_impl(mutant(zoo::Bug::null_twice), c, io::DType::bf16), io::DType::bf16, {"out"});
+  EXPECT_TRUE(check(c, out, verify::Policy::worst_case).passed);
+}
+
+// One element of `out` (the largest) moved by 64 ulps fails at the 64-key prefill, where the
+// worst-case bound is about 1000 ulps; the report names the element and it is not FAIL-certain.
+TEST(ComparePolicy, OneElementOff64UlpsFails) {
+  const zoo::Case c = find_case("prefill_64_sinks");
+  zoo::Result r = run_impl({"plain"}, c, io::DType::f32);
+  const index_t at = zoo::one_element_off(r.out, io::DType::f32, 64);
+  const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+  ASSERT_EQ(rep.tensors.size(), 1u);
+  const verify::TensorReport& t = rep.tensors[0];
+  EXPECT_FALSE(t.passed) << verify::format_report(rep);
+  EXPECT_EQ(t.violations, 1);
+  EXPECT_FALSE(t.certain_failure);
+  ASSERT_FALSE(t.first_mismatches.empty());
+  const index_t d = c.q.dim(3);
+  const std::string where = "out[0, " + std::to_string(at / (64 * d)) + ", " + std::to_string((at / d) % 64) + ", " +
+                            std::to_string(at % d) + "]";
+  EXPECT_EQ(t.first_mismatches[0].rfind(where, 0), 0u) << t.first_mismatches[0];
+  EXPECT_TRUE(check(c, outputs_of(r, io::DType::f32, {"out"}), verify::Policy::worst_case).passed);
+}
+
+// The engine's bounds are the definitions: on a case with GQA, padding, sinks, a window, a bias
+// and the bthd layout, the worst err/bound of each tensor under the probabilistic and the
+// worst-case policy equals the one computed from oasis::bounds::prob_attention_bounds and
+// attention_bounds on the mp50 reference (to 1e-9; the underflow floors, ~1e-44, are left out).
+TEST(ComparePolicy, BoundsAreTheDefinitions) {
+  zoo::Case c = zoo::make_case("definition", 2, 4, 2, 7, 11, 16, true, true, 1.0, 1.0, 91);
+  auto rng = oasis::test::make_rng(92);
+  c.opt.key_lengths = {11, 8};
+  c.opt.window = 5;
+  c.opt.bias = oasis::test::randn<double>({2, 1, 7, 11}, rng, 0.3);
+  c.opt.bias[17] = -INFINITY;
+  c.opt.layout = oasis::AttentionLayout::bthd;
+  const Tensor<float> q = oasis::swap_head_time(c.q), k = oasis::swap_head_time(c.k), v = oasis::swap_head_time(c.v);
+  oasis::AttentionOptions o = c.opt;
+  o.return_probs = true;
+  const auto mine = oasis::token_attention(q, k, v, o);  // the implementation: the float reference
+  const auto ref = oasis::token_attention(q.cast<oasis::mp50>(), k.cast<oasis::mp50>(), v.cast<oasis::mp50>(), o);
+  const auto wc = oasis::bounds::attention_bounds(q, k, v, o, ref);
+  const auto pb = oasis::bounds::prob_attention_bounds(q, k, v, o, ref);
+  io::TensorMap in{{"q", {io::DType::f32, q.cast<double>()}}, {"k", {io::DType::f32, k.cast<double>()}},
+                   {"v", {io::DType::f32, v.cast<double>()}}, {"bias", {io::DType::f64, c.opt.bias}}};
+  io::TensorMap out{{"out", {io::DType::f32, mine.out.cast<double>()}}, {"lse", {io::DType::f32, mine.lse.cast<double>()}},
+                    {"p_null", {io::DType::f32, mine.p_null.cast<double>()}}, {"probs", {io::DType::f32, mine.probs.cast<double>()}}};
+  std::string opts = "{\"causal\": true, \"key_lengths\": [11, 8], \"window\": 5, \"layout\": \"bthd\", \"null_logits\": [";
+  for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+    opts += b;
+  }
+  const io::json::Value ov = io::json::parse(opts + "]}");
+  const double u = std::ldexp(1.0, -24);
+  for (verify::Policy pol : {verify::Policy::probabilistic, verify::Policy::worst_case})
+    for (verify::Oracle oracle : {verify::Oracle::fast, verify::Oracle::mp50}) {
+      verify::CompareOptions co;
+      co.policy = pol;
+      co.oracle = oracle;
+      const verify::CompareReport r = verify::check("attention", in, out, ov, co);
+      EXPECT_TRUE(r.passed) << verify::format_report(r);
+      for (const auto& t : r.tensors) {
+        const Tensor<oasis::mp50>& rt = t.name == "out" ? ref.out : t.name == "lse" ? ref.lse : t.name == "p_null" ? ref.p_null : ref.probs;
+        const Tensor<double>& w = t.name == "out" ? wc.out : t.name == "lse" ? wc.lse : t.name == "p_null" ? wc.p_null : wc.probs;
+        const Tensor<double>& R = t.name == "out" ? pb.out : t.name == "lse" ? pb.lse : t.name == "p_null" ? pb.p_null : pb.probs;
+        double worst = 0;
+        for (index_t i = 0; i < rt.size(); ++i) {
+          const double rd = static_cast<double>(rt[i]);
+          if (!std::isfinite(rd)) continue;
+          const double err = static_cast<double>(abs(oasis::mp50(out.at(t.name).values[i]) - rt[i]));
+          const double certain = 0.5 * io::dtype_ulp(io::DType::f32, rd) + 2.0 * w[i];
+          const double policy = pol == verify::Policy::worst_case
+                                    ? certain
+                                    : std::min(certain, 0.5 * io::dtype_ulp(io::DType::f32, rd) + 1.02 * verify::kLambda * u * R[i]);
+          if (policy > 0) worst = std::max(worst, err / policy);
+        }
+        EXPECT_NEAR(t.worst_ratio, worst, 1e-9 * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
+      }
+    }
+}
+
+// A gross mistake is outside even the certain bound: FAIL-certain, in the report and the JSON.
+TEST(ComparePolicy, GrossMistakeIsFailCertain) {
+  const zoo::Case c = find_case("prefill_64_sinks");
+  const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(zoo::Bug::null_dropped), c, io::DType::f32),
+                                                        io::DType::f32, {"out", "lse"}));
+  EXPECT_FALSE(rep.passed);
+  for (const auto& t : rep.tensors) EXPECT_TRUE(t.certain_failure) << t.name;
+  EXPECT_NE(verify::format_report(rep).find("verdict: FAIL-certain"), std::string::npos) << verify::format_report(rep);
+  EXPECT_NE(verify::report_json(rep).find("\"verdict\":\"FAIL-certain\""), std::string::npos);
+}
+
+// The fast oracle gives the mp50 oracle's verdicts: on a case with GQA, padding and sinks, for
+// f32, bf16 and f64 outputs (f64: the library's double reference, whose errors are of the order
+// of the double oracle's own error, so that its rows are recomputed in mp50), and for f32 and
+// bf16 the same worst ratios to 1e-6 (the fast oracle's reference is within ~1e-16 of the exact
+// one, the errors are ~1e-8; for f64 the two differ by as much as the errors themselves).
+TEST(ComparePolicy, FastOracleAgreesWithMp50) {
+  zoo::Case c = zoo::make_case("agree", 2, 4, 2, 9, 13, 16, true, true, 1.0, 1.0, 77);
+  c.opt.key_lengths = {13, 6};
+  for (const zoo::Impl& im : {zoo::Impl{"plain"}, zoo::Impl{"online", zoo::Algo::online, 4}, mutant(zoo::Bug::null_twice)})
+    for (io::DType d : {io::DType::f32, io::DType::bf16, io::DType::f64}) {
+      io::TensorMap out;
+      if (d == io::DType::f64) {
+        if (im.bug != zoo::Bug::none) continue;
+        oasis::AttentionOptions o = c.opt;
+        o.return_probs = true;
+        const auto r = oasis::token_attention(c.q.cast<double>(), c.k.cast<double>(), c.v.cast<double>(), o);
+        out = {{"out", {d, r.out}}, {"lse", {d, r.lse}}, {"p_null", {d, r.p_null}}, {"probs", {d, r.probs}}};
+      } else {
+        out = outputs_of(run_impl(im, c, d), d);
+      }
+      std::string opts = "{\"causal\": true, \"key_lengths\": [13, 6], \"null_logits\": [";
+      for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+        char b[40];
+        std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+        opts += b;
+      }
+      const io::json::Value ov = io::json::parse(opts + "]}");
+      verify::CompareOptions fast, slow;
+      slow.oracle = verify::Oracle::mp50;
+      const verify::CompareReport rf = verify::check("attention", inputs_of(c), out, ov, fast);
+      const verify::CompareReport rs = verify::check("attention", inputs_of(c), out, ov, slow);
+      ASSERT_EQ(rf.tensors.size(), rs.tensors.size());
+      EXPECT_EQ(rf.passed, rs.passed) << im.name;
+      if (d == io::DType::f64) {
+        EXPECT_TRUE(rf.passed) << verify::format_report(rf);
+        EXPECT_EQ(rf.oracle.find("; 0 of"), std::string::npos) << rf.oracle;  // rows recomputed in mp50
+      }
+      for (std::size_t i = 0; i < rf.tensors.size(); ++i) {
+        const auto &a = rf.tensors[i], &b = rs.tensors[i];
+        EXPECT_EQ(a.violations, b.violations) << im.name << " " << a.name;
+        EXPECT_EQ(a.violations_certain, b.violations_certain) << im.name << " " << a.name;
+        if (d == io::DType::f64) continue;
+        EXPECT_NEAR(a.worst_ratio, b.worst_ratio, 1e-6 * std::max(1.0, b.worst_ratio)) << im.name << " " << a.name;
+        EXPECT_NEAR(a.worst_ratio_certain, b.worst_ratio_certain, 1e-6 * std::max(1.0, b.worst_ratio_certain))
+            << im.name << " " << a.name;
+      }
+    }
+}

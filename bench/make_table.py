@@ -2,8 +2,13 @@
 """Turns Google Benchmark JSON (CPU, and GPU when measured) into docs/benchmarks.md.
 
 usage: make_table.py OUT.md NOTES.md CPU.json [--single CPU1.json] [GPU.json ...] -- key=value context lines
+       make_table.py --gpu-summary OUT.md GPU.json ...
 CPU1.json: an OASIS_BENCH_THREADS=1 run, whose *_cpu ratios (process CPU time) do not depend on
-the load of a shared machine.
+the load of a shared machine. GPU.json: bench_cuda's output and the SDPA step's
+(scripts/gpu/sdpa_bench.py: torch's FlashAttention on the same shapes, benchmarks named SDPA_*);
+the GPU section gives each rate over the device's same-run ceilings (copy, cuBLAS bf16 GEMM) and
+the tensor-core kernel's rate over SDPA's. --gpu-summary writes the GPU section alone (the GPU
+run's summary, scripts/gpu/run.sh).
 """
 import json
 import re
@@ -22,10 +27,11 @@ def rows(data):
     for b in data.get("benchmarks", []):
         if b.get("run_type") == "aggregate":
             continue
-        name = re.sub(r"/min_time:[0-9.]+", "", b["name"].replace("/real_time", ""))
+        name = re.sub(r"/min_time:[0-9.]+", "", b["name"].replace("/real_time", "").replace("/manual_time", ""))
         thr, ratio = "", ""
-        rate_keys = [k for k in ("GFLOP/s", "TFLOP/s", "GB/s") if k in b] + \
-            [k for k in b if k.endswith("/s") and k not in ("GFLOP/s", "TFLOP/s", "GB/s") and not k.endswith("_cpu")]
+        first = ("KV GB/s",) if "ratio_copy" in b else ()  # decode: the K/V read rate is the measure
+        rate_keys = [k for k in first + ("GFLOP/s", "TFLOP/s", "GB/s") if k in b] + \
+            [k for k in b if k.endswith("/s") and k not in first + ("GFLOP/s", "TFLOP/s", "GB/s") and not k.endswith("_cpu")]
         if rate_keys:
             thr = f"{b[rate_keys[0]]:.4g} {rate_keys[0]}"
         elif "items_per_second" in b:
@@ -36,9 +42,11 @@ def rows(data):
             ratio = f"{b['ratio_gemm']:.3g} of GEMM"
         elif "ratio_triad" in b:
             ratio = f"{b['ratio_triad']:.3g} of triad"
+        elif "ratio_copy" in b:
+            ratio = f"{b['ratio_copy']:.3g} of copy"
         extra = [f"{k}={v:.4g}" for k, v in b.items()
                  if isinstance(v, (int, float)) and k not in rate_keys[:1] and k not in
-                 ("real_time", "cpu_time", "iterations", "ratio_gemm", "ratio_triad",
+                 ("real_time", "cpu_time", "iterations", "ratio_gemm", "ratio_triad", "ratio_copy",
                   "items_per_second", "repetitions", "repetition_index", "threads", "family_index",
                   "per_family_instance_index")]
         out.append((name, fmt_time(b), b.get("iterations", 0), thr, ratio, b.get("label", ""), " ".join(extra)))
@@ -112,8 +120,71 @@ def targets(cpu, single):
     return "\n".join(lines)
 
 
+def gpu_section(datas):
+    """The GPU tables and targets from bench_cuda's JSON and the SDPA step's (any order)."""
+    bench = {"benchmarks": [b for d in datas for b in d.get("benchmarks", []) if not b["name"].startswith("SDPA")]}
+    sdpa = {"benchmarks": [b for d in datas for b in d.get("benchmarks", []) if b["name"].startswith("SDPA")]}
+    md = []
+    ctxs = [d.get("context", {}) for d in datas]
+    for c in ctxs:
+        if c.get("device") or c.get("skipped") or c.get("torch"):
+            md.append("- " + ", ".join(f"**{k}**: {v}" for k, v in c.items()
+                                       if k in ("device", "driver", "torch", "cuda", "backend", "timing", "skipped")))
+    md.append("")
+    if not bench["benchmarks"]:
+        md.append("Not measured in this run (no GPU on the benchmark machine, or no CUDA benchmark built). "
+                  "scripts/gpu/run.sh measures it on a device machine (docs/cuda.md, \"GPU run\"); "
+                  "scripts/bench.sh includes its JSON through OASIS_GPU_JSON.")
+        return "\n".join(md)
+
+    def rate(data, prefix, counter):
+        b = find(data, prefix)
+        return b.get(counter) if b else None
+
+    def fmt(x, digits=3):
+        return f"{x:.{digits}f}" if x is not None else "-"
+
+    lines = ["Ratios divide by the *larger* of the two same-run ceiling measurements (start and end of "
+             "bench_cuda's run), the conservative choice; the table below uses the first. SDPA ran in the "
+             "same GPU session, right after bench_cuda (scripts/gpu/run.sh).", "",
+             "| target | measured | status |", "|---|---:|---|"]
+    for d in (64, 128):
+        r = conservative(bench, f"BM_Decode/kernel:1/d_h:{d}", "KV GB/s", "BM_Ceiling_CopyD2D", "GB/s")
+        goal = f"decode (B=16, H=32, H_kv=8, Tk=8192, f16, d_h={d}), split-K: K/V read >= 0.60 of the copy rate"
+        lines.append(f"| {goal} | {fmt(r)} | {'-' if r is None else ('met' if r >= 0.6 else 'NOT met')} |")
+    for dt, name in ((2, "bf16"), (1, "f16")):
+        for d in (64, 128):
+            ours = rate(bench, f"BM_TensorCoreAttention/dtype:{dt}/d_h:{d}/T:4096", "TFLOP/s")
+            theirs = rate(sdpa, f"SDPA_flash/dtype:{dt}/d_h:{d}/T:4096", "TFLOP/s")
+            r = ours / theirs if ours is not None and theirs else None
+            status = "-" if r is None else ("met (moonshot 0.80 met)" if r >= 0.8 else "met" if r >= 0.5 else "NOT met")
+            lines.append(f"| tensor cores, {name}, causal, T=4096, d_h={d}: >= 0.50 of SDPA flash "
+                         f"({fmt(ours, 1)} / {fmt(theirs, 1)} TFLOP/s) | {fmt(r)} | {status} |")
+    md += ["### GPU targets", ""] + lines + ["", "### GPU, bench_cuda", "", table(rows(bench)), ""]
+    if sdpa["benchmarks"]:
+        gemm = [c["TFLOP/s"] for c in bench["benchmarks"] if c["name"].startswith("BM_Ceiling_GemmBf16")
+                and "TFLOP/s" in c]
+        copy = [c["GB/s"] for c in bench["benchmarks"] if c["name"].startswith("BM_Ceiling_CopyD2D") and "GB/s" in c]
+        for b in sdpa["benchmarks"]:
+            if gemm and "decode" not in b["name"]:
+                b["ratio_gemm"] = b["TFLOP/s"] / gemm[0]
+            elif copy and "decode" in b["name"]:
+                b["ratio_copy"] = b["KV GB/s"] / copy[0]
+        md += ["### GPU, torch SDPA (FlashAttention) on the same shapes", "", table(rows(sdpa)), ""]
+    return "\n".join(md)
+
+
 def main():
     argv = sys.argv[1:]
+    if argv and argv[0] == "--gpu-summary":
+        datas = []
+        for g in argv[2:]:
+            try:
+                datas.append(json.load(open(g)))
+            except (OSError, ValueError) as e:
+                print(f"make_table.py: {g}: {e}", file=sys.stderr)
+        open(argv[1], "w").write("## GPU\n\n" + gpu_section(datas) + "\n")
+        return
     ctx = []
     if "--" in argv:
         i = argv.index("--")
@@ -146,17 +217,15 @@ def main():
                "really ran, so `ratio_*_cpu` is less sensitive to other processes than a wall-time ratio (its limits: "
                "\"Measurement conditions\" below).", "",
                table(rows(single)), ""]
-    gpu_rows = []
+    gpu_datas = []
     for g in gpu_jsons:
         try:
-            gpu_rows += rows(json.load(open(g)))
+            gpu_datas.append(json.load(open(g)))
         except (OSError, ValueError):
             pass
     md.append("## GPU")
     md.append("")
-    md.append(table(gpu_rows) if gpu_rows else "Not measured in this run (no GPU on the benchmark machine, or no "
-              "CUDA benchmark built). scripts/bench.sh adds this table when `nvidia-smi` sees a device and "
-              "`bench/cuda` built its benchmarks (every executable in the build's bench/cuda/ directory is run).")
+    md.append(gpu_section(gpu_datas))
     md.append("")
     md.append(open(notes).read())
     open(out, "w").write("\n".join(md))

@@ -7,6 +7,7 @@
 #
 #   scripts/bench.sh                      # build dir: $OASIS_BUILD_DIR or build-bench
 #   OASIS_BENCH_THREADS=2 scripts/bench.sh --benchmark_filter=Attention   # extra args go to the CPU binary
+#   OASIS_GPU_JSON="out/bench_cuda.json out/sdpa.json" scripts/bench.sh     # a GPU run's results (scripts/gpu/run.sh)
 #
 # Each fast configuration is validated against the mp50 oracle before it is timed; a failed
 # validation stops the run (exit status 2) and leaves docs/benchmarks.md untouched.
@@ -37,6 +38,8 @@ if [ "${OASIS_BENCH_SINGLE:-1}" != 0 ]; then
 fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 gpu_json=()
+# GPU results measured elsewhere (the device machine's scripts/gpu/run.sh OUT: bench_cuda.json, sdpa.json)
+for j in ${OASIS_GPU_JSON:-}; do gpu_json+=("$j"); done
 if [ "$have_gpu" = 1 ] && [ -d "$BUILD/bench/cuda" ]; then
   for exe in "$BUILD"/bench/cuda/*; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue

@@ -44,10 +44,45 @@ namespace oasis::cuda {
 /// True if a CUDA device with a kernel image of this build is usable; `why` gets the reason if not.
 bool available(std::string* why = nullptr);
 
+/// Which kernel evaluates token attention on the device (docs/cuda.md, "Kernel design"). Each is
+/// checked against the oracle under the kernel parity rule; the tensor-core kernel under the rule
+/// with the term of its rounding of P added (bounds::p_rounding_bound).
+enum class AttentionKernel {
+  automatic,     ///< split_keys for few query rows per kv head and long rows (kernel_choice), else fused
+  fused,         ///< the float32 fused kernel (attention.cu): the default parity path
+  split_keys,    ///< split-K (flash-decoding): keys split across blocks, partial states merged, the
+                 ///< null category added once at the merge (attention_split.cu)
+  tensor_cores,  ///< float16 / bfloat16 inputs only: wmma products with float accumulation, P rounded
+                 ///< to the input type before P V as FlashAttention does (attention_tc.cu)
+};
+const char* to_string(AttentionKernel k);
+
+/// The kernel choice of a device call. split_keys and tensor_cores do not implement a sliding
+/// window or an additive bias and reject them naming the option (both take either layout).
+struct KernelOptions {
+  AttentionKernel kernel = AttentionKernel::automatic;
+  /// split_keys: blocks per group of query rows over the keys, 1..1024; 0: kernel_choice's count.
+  int key_splits = 0;
+};
+
+/// What `automatic` resolves to for a call of this shape on the current device (the heuristic of
+/// docs/cuda.md, "Choosing a kernel"): split_keys when (H / H_kv) Tq <= 16 and Tk >= 256, with
+/// key_splits = clamp(ceil(16 SMs / (B H_kv ceil((H / H_kv) Tq / 4))), 1, ceil(Tk / 256)); else
+/// fused. An explicit kernel is returned as given (with the split count filled in for split_keys).
+struct KernelChoice {
+  AttentionKernel kernel;
+  int key_splits;  ///< split_keys only, else 0
+};
+KernelChoice kernel_choice(const AttentionShape& shape, const KernelOptions& opt = {});
+
 /// Token attention (SPEC §2) on float16 / bfloat16 inputs with float32 accumulation; same layouts,
 /// options and results as oasis::token_attention. q, k, v must share one 16-bit dtype.
 AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16& k, const io::Tensor16& v,
-                                       const AttentionOptions& opt = {});
+                                       const AttentionOptions& opt = {}, const KernelOptions& kernel = {});
+/// Token attention on float32 inputs with a kernel choice (oasis::token_attention(Backend::cuda,
+/// ...) is this with KernelOptions{}).
+AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                       const AttentionOptions& opt, const KernelOptions& kernel);
 
 /// psi = mean over heads of p_null: p_null [B, H, T] -> [B, T] (oasis::null_statistic on the device).
 Tensor<float> null_statistic(const Tensor<float>& p_null);
@@ -77,8 +112,9 @@ struct DeviceAttention {
   float* lse = nullptr;                ///< [B, H, Tq]
   float* p_null = nullptr;             ///< [B, H, Tq]
   CUstream_st* stream = nullptr;
+  KernelOptions kernel;                ///< split_keys allocates its workspace stream-ordered (cudaMallocAsync)
 };
-/// Launches the fused kernel asynchronously on a.stream (plain softmax rows with no visible key
+/// Launches the chosen kernel asynchronously on a.stream (plain softmax rows with no visible key
 /// get the documented zero).
 void token_attention_device(const DeviceAttention& a);
 /// psi [B, T] from p_null [B, H, T], device buffers, asynchronous on `stream`.

@@ -18,6 +18,8 @@
 //  depth routing: D_i from centring (mean of `count` values), beta = softplus(theta) (6u + u|theta|),
 //    the product and the subtraction, then the normaliser as above, then the mixing as attention.
 //  pseudo-query logits: rel(inv rms) <= (d/2 + 3) u, |dg| <= (rel(inv) + (d + 2) u) sum_c |w_c y_c|.
+//  P rounded to a 16-bit format f before P V (tensor-core kernels; p_rounding_bound):
+//    |dA_c| gains sum_j (u_f p_j + [p_j < 2 n_f] g_f) |v_jc|.
 // A final factor 1.02 covers the second-order terms (valid while every relative term is < 1e-2,
 // which holds for float and wider at the sizes of this library; see docs/tolerances.md).
 #pragma once
@@ -171,6 +173,55 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
       }
     }
   return b;
+}
+
+/// A 16-bit floating-point format a kernel rounds an intermediate to: its unit roundoff, its
+/// smallest normal number and half its subnormal spacing (the largest rounding error below the
+/// normal range).
+struct Format16 {
+  double u;
+  double min_normal;
+  double half_gap;
+};
+inline constexpr Format16 kBinary16{0x1p-11, 0x1p-14, 0x1p-25};
+inline constexpr Format16 kBfloat16{0x1p-8, 0x1p-126, 0x1p-134};
+
+/// The term a kernel adds to the output bound when it rounds the probabilities to the format f
+/// before P V while the normaliser S sums the unrounded ones (the tensor-core kernels, as
+/// FlashAttention does): the kernel computes o = sum_j p^_j v_j / S with p^_j = fl_f(p_j), so
+///     |sum_j (p^_j - p_j) v_jc| <= sum_{visible j} (u_f p_j + [p_j < 2 n_f] g_f) |v_jc|
+/// to first order (docs/tolerances.md, "Tensor cores"). The rounded weight is the unnormalised
+/// w_j = e^{z_j - M'} of the running maximum M' <= M; it is rounded with relative error u_f when
+/// it is normal, which p_j >= 2 n_f guarantees (w_j >= e^{z_j - M} = p_j S >= p_j, S >= 1, and the
+/// factor 2 absorbs the float error of w_j), else with absolute error g_f, which the rescale by
+/// e^{M' - M} <= 1 and the division by S >= 1 only shrink. Masked keys have p^ = p = 0 exactly.
+/// `ref` is the high-precision result (with probabilities) on the same inputs; the returned
+/// tensor has the shape of `out` and adds to AttentionBounds::out (times kSecondOrder).
+template <class T, class R>
+Tensor<double> p_rounding_bound(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                const AttentionOptions& opt, const AttentionResult<R>& ref, const Format16& f) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  if (opt.layout == AttentionLayout::bthd) {  // on [B, H, T, d] views, swapped back
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    return swap_head_time(
+        p_rounding_bound(swap_head_time(q), swap_head_time(k), swap_head_time(v), o, ref, f));
+  }
+  const index_t group = s.H / s.H_kv;
+  Tensor<double> term({s.B, s.H, s.Tq, s.d_v});
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h)
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const KeyRange kr = visible_range(s, opt, b, t);
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          const double p = std::abs(static_cast<double>(ref.probs(b, h, t, j)));
+          const double w = f.u * p + (p < 2.0 * f.min_normal ? f.half_gap : 0.0);
+          for (index_t c = 0; c < s.d_v; ++c)
+            term(b, h, t, c) += kSecondOrder * w * std::abs(static_cast<double>(v(b, h / group, j, c)));
+        }
+      }
+  return term;
 }
 
 /// The coupling strength and its rounding in T (unit roundoff u): beta_raw = softplus(theta) in T

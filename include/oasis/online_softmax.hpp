@@ -27,8 +27,9 @@
 //           p_null 1, LSE1 = s exactly, and plain softmax (S = 0) the documented zero: out 0,
 //           LSE -inf, p_null 0 (MaskedRow::zero; MaskedRow::error is the caller's to raise).
 //   split   states of disjoint key ranges merge as M = max(M1, M2), S = S1 e^{M1 - M} + S2 e^{M2 - M}
-//           (o likewise); the null category must be in exactly one of them (one partial starts at
-//           (s, 1), the others at (-inf, 0)), or be added once, as e^{s - M}, at the combine.
+//           (o likewise; merge below); the null category must be in exactly one of them (one
+//           partial starts at (s, 1), the others at (-inf, 0)), or be added once, as e^{s - M}, at
+//           the combine.
 // A visible score that is NaN or +inf (q.k * scale overflowed float) is no logit: the reference
 // rejects the row (argument "scores"); each kernel detects it in its own way before it reaches
 // this state (attention.cu flags it, the CPU kernels let it poison S and test S at the end).
@@ -96,5 +97,26 @@ OASIS_HD Finish finish(const State& r, bool has_null, float s) {
   const float inv = 1.0f / r.l;
   return Finish{inv, r.m + logf(r.l), has_null ? expf(s - r.m) * inv : 0.0f};
 }
+
+/// The factors of a merge for the outputs: o = o * self + o_p * part.
+struct MergeFactors {
+  float self;
+  float part;
+};
+
+/// Merges the state `p` of a disjoint key range into `r` ("split" above): M = max(M, M_p),
+/// S = S e^{M_old - M} + S_p e^{M_p - M} (one product, one fused multiply-add), and returns the
+/// factors for the outputs. Never e^{-inf - -inf}: rescale leaves an empty state alone and weight
+/// gives 0 for an empty partial. Split-K kernels (src/cuda/attention_split.cu) merge partials that
+/// start from start(false, 0) and add the null category once, as the state they merge into.
+OASIS_HD MergeFactors merge(State& r, const State& p) {
+  const float self = rescale(r, p.m);  // r moves to max(M, M_p); S scaled by e^{M_old - M}
+  const float part = weight(p.m, r.m);  // e^{M_p - M}; 0 when the partial saw no key
+  r.l = fmaf(p.l, part, r.l);
+  return MergeFactors{self, part};
+}
+
+/// o * self + o_p * part, as the merges evaluate it (one product, one fused multiply-add).
+OASIS_HD float merge_output(float o, float o_p, const MergeFactors& f) { return fmaf(o_p, f.part, o * f.self); }
 
 }  // namespace oasis::online

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention_dispatch.hpp"
 #include "device_util.hpp"
 #include "oasis/backend.hpp"
 #include "oasis/cuda.hpp"
@@ -177,9 +178,10 @@ void check_masked_lse(const AttentionShape& s, const AttentionOptions& opt, cons
 
 namespace {
 
-/// Runs validated attention from host buffers of element size `elem` (already in device layout).
+/// Runs validated attention from host buffers of element size `elem` (already in device layout)
+/// with the kernel `kernel` (resolve_kernel).
 AttentionResult<float> run_attention(io::DType type, const void* q, const void* k, const void* v, std::size_t elem,
-                                     const AttentionShape& s, const AttentionOptions& opt) {
+                                     const AttentionShape& s, const AttentionOptions& opt, const KernelChoice& kernel) {
   const std::size_t nq = static_cast<std::size_t>(s.B * s.H * s.Tq * s.d_h);
   const std::size_t nk = static_cast<std::size_t>(s.B * s.H_kv * s.Tk * s.d_h);
   const std::size_t nv = static_cast<std::size_t>(s.B * s.H_kv * s.Tk * s.d_v);
@@ -201,7 +203,7 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   a.row_max = dmax.get();
   a.row_sum = dsum.get();
   a.bad_score = dbad.get();
-  check(launch_attention(a, nullptr), "fused attention launch");
+  launch_chosen(a, kernel, nullptr);
   int bad = 0;
   dbad.download(&bad);
   // As normalize_row: a NaN or +inf score (q.k overflowed float) is rejected.
@@ -231,7 +233,7 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
 }  // namespace detail
 
 AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16& k, const io::Tensor16& v,
-                                       const AttentionOptions& opt) {
+                                       const AttentionOptions& opt, const KernelOptions& kernel) {
   OASIS_REQUIRE(q.dtype == io::DType::f16 || q.dtype == io::DType::bf16, "q", "dtype ", io::to_string(q.dtype),
                 " is not a 16-bit type (float32 inputs: oasis::token_attention(Backend::cuda, ...))");
   OASIS_REQUIRE(k.dtype == q.dtype, "k", "dtype ", io::to_string(k.dtype), " differs from q's ", io::to_string(q.dtype));
@@ -240,9 +242,21 @@ AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16
   const Tensor<float> qf = io::widen(q), kf = io::widen(k), vf = io::widen(v);
   const AttentionShape s = check_attention_args(qf, kf, vf, opt);
   detail::check_cuda_attention_limits(s, opt.normalizer);
+  const KernelChoice choice = detail::resolve_kernel(s, q.dtype, detail::features_of(opt), kernel);
   detail::check_masked_rows(s, opt);
   detail::require_device();
-  return detail::run_attention(q.dtype, q.bits.data(), k.bits.data(), v.bits.data(), sizeof(std::uint16_t), s, opt);
+  return detail::run_attention(q.dtype, q.bits.data(), k.bits.data(), v.bits.data(), sizeof(std::uint16_t), s, opt,
+                               choice);
+}
+
+AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                       const AttentionOptions& opt, const KernelOptions& kernel) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  detail::check_cuda_attention_limits(s, opt.normalizer);
+  const KernelChoice choice = detail::resolve_kernel(s, io::DType::f32, detail::features_of(opt), kernel);
+  detail::check_masked_rows(s, opt);
+  detail::require_device();
+  return detail::run_attention(io::DType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt, choice);
 }
 
 void token_attention_device(const DeviceAttention& d) {
@@ -268,6 +282,8 @@ void token_attention_device(const DeviceAttention& d) {
                   "bias", "shape ", shape_str(bs), " does not broadcast to [B, H, Tq, Tk] = [", s.B, ", ", s.H, ", ",
                   s.Tq, ", ", s.Tk, "]");
   detail::check_cuda_attention_limits(s, d.normalizer);
+  const KernelChoice choice =
+      detail::resolve_kernel(s, d.dtype, detail::MaskFeatures{d.window, d.bias != nullptr}, d.kernel);
   detail::require_device();
   detail::AttentionLaunch a = detail::layout_launch(d.dtype, d.q, d.k, d.v, s, d.layout);
   a.softmax1 = d.normalizer == RowNorm::softmax1;
@@ -283,7 +299,7 @@ void token_attention_device(const DeviceAttention& d) {
   a.out = d.out;
   a.lse = d.lse;
   a.p_null = d.p_null;
-  detail::check(detail::launch_attention(a, d.stream), "fused attention launch");
+  detail::launch_chosen(a, choice, d.stream);
 }
 
 void null_statistic_device(const float* p_null, index_t B, index_t H, index_t T, float* psi, CUstream_st* stream) {
@@ -347,11 +363,7 @@ bool cuda_available(std::string* why) { return cuda::available(why); }
 
 AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                             const AttentionOptions& opt) {
-  const AttentionShape s = check_attention_args(q, k, v, opt);
-  cuda::detail::check_cuda_attention_limits(s, opt.normalizer);
-  cuda::detail::check_masked_rows(s, opt);
-  cuda::detail::require_device();
-  return cuda::detail::run_attention(io::DType::f32, q.data(), k.data(), v.data(), sizeof(float), s, opt);
+  return cuda::token_attention(q, k, v, opt, cuda::KernelOptions{});
 }
 
 }  // namespace detail

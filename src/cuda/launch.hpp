@@ -64,6 +64,31 @@ int launch_attention_probs(const AttentionLaunch& a, float* probs, CUstream_st* 
 /// psi[b, t] = (1/H) sum_h p_null[b, h, t] (sequential in h, as oasis::null_statistic).
 int launch_null_statistic(const float* p_null, int B, int H, int T, float* psi, CUstream_st* stream);
 
+/// Split-K attention (attention_split.cu): the keys of every row are split into `splits` blocks
+/// of kSplitWarps ranges of keys_per_warp keys each (warp w of split i covers [r L, (r + 1) L),
+/// r = i kSplitWarps + w). A warp computes the online-softmax state of its range for up to
+/// kSplitRows query rows that share a kv head, without the null category; the block merges its
+/// warps' states into one partial (M_i, S_i, o_i) per split; the combine kernel merges the splits'
+/// partials of each row in key order, starting from the null category's state (added exactly
+/// once there), and writes the outputs of the AttentionLaunch (out, lse, p_null, row_max, row_sum).
+inline constexpr int kSplitWarps = 4;
+inline constexpr int kSplitRows = 4;
+static_assert(kSplitWarps == kSplitRows, "the block merge gives each warp one row");
+struct SplitLaunch {
+  int splits = 1;           ///< blocks per row group over the keys
+  int keys_per_warp = 0;    ///< L: keys of one warp's range
+  float* part_m = nullptr;  ///< [B, H, Tq, splits] maxima M_i of the partial states (-inf: no visible key)
+  float* part_l = nullptr;  ///< [B, H, Tq, splits] sums S_i, relative to M_i
+  float* part_o = nullptr;  ///< [B, H, Tq, splits, d_v] unnormalised outputs o_i, relative to M_i
+};
+int launch_attention_split_partials(const AttentionLaunch& a, const SplitLaunch& s, CUstream_st* stream);
+int launch_attention_split_combine(const AttentionLaunch& a, const SplitLaunch& s, CUstream_st* stream);
+
+/// The tensor-core kernel (attention_tc.cu): f16 / bf16 inputs, nvcuda::wmma products with
+/// float accumulation, P rounded to the input type before P V (as FlashAttention); the same
+/// outputs as launch_attention. Head sizes up to kMaxHeadDim.
+int launch_attention_tc(const AttentionLaunch& a, CUstream_st* stream);
+
 /// The most depth candidates one routing call takes (the evidence flags travel in the launch).
 inline constexpr int kMaxCandidates = 1024;
 /// The widest row the mixing kernel takes (column blocks of 128 on grid y <= 65535).

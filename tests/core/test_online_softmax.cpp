@@ -102,5 +102,43 @@ TEST(OnlineSoftmax, MaskedTilesAndTheEmptyStateNeverFormNaN) {
   EXPECT_EQ(online::weight(5.0f, 5.0f), 1.0f);
 }
 
+// merge (split-K): an empty partial changes nothing, bitwise, from any state; a partial of one key
+// merged into a state is that key's tile update, bitwise; and partials merged from the null
+// category's start state give the Softmax1 row of all their keys (null category once).
+TEST(OnlineSoftmax, MergeOfPartialsIsTheStreamedRow) {
+  const online::State empty = online::start(false, 0.0f);
+  for (const online::State from : {online::start(true, 0.5f), empty, online::State{3.0f, 2.5f}}) {
+    online::State r = from;
+    const online::MergeFactors f = online::merge(r, empty);
+    EXPECT_EQ(r.m, from.m);
+    EXPECT_EQ(r.l, from.l);
+    EXPECT_EQ(f.part, 0.0f);
+    EXPECT_EQ(online::merge_output(1.25f, 7.0f, f), 1.25f);
+  }
+  for (const float z : {-4.0f, 0.25f, 9.0f}) {
+    online::State merged = online::start(true, 0.5f), streamed = merged;
+    online::merge(merged, online::State{z, 1.0f});  // one key: M_p = z, S_p = e^0 = 1
+    online::rescale(streamed, z);
+    streamed.l += online::weight(z, streamed.m);
+    EXPECT_EQ(merged.m, streamed.m) << z;
+    EXPECT_EQ(merged.l, streamed.l) << z;
+  }
+  // Keys {1, 2} and {3} as two partials, the null logit 0 once: S relative to M = 3.
+  online::State a = empty, b = empty, row = online::start(true, 0.0f);
+  for (const float z : {1.0f, 2.0f}) {
+    online::rescale(a, z);
+    a.l += online::weight(z, a.m);
+  }
+  online::rescale(b, 3.0f);
+  b.l += online::weight(3.0f, b.m);
+  online::merge(row, a);
+  online::merge(row, b);
+  EXPECT_EQ(row.m, 3.0f);
+  const double want = std::exp(-3.0) + std::exp(-2.0) + std::exp(-1.0) + 1.0;
+  EXPECT_NEAR(row.l, want, 8 * std::numeric_limits<float>::epsilon() * want);
+  const online::Finish f = online::finish(row, true, 0.0f);
+  EXPECT_NEAR(f.p_null, std::exp(-3.0) / want, 8 * std::numeric_limits<float>::epsilon());
+}
+
 }  // namespace
 }  // namespace oasis

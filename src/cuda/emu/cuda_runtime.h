@@ -60,6 +60,15 @@ void syncthreads();
 /// `src_lane` (which must be in the mask).
 std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane);
 int lane_id();
+/// A whole-warp operation (the wmma functions of mma.h): every lane of the warp, all 32 present
+/// and live, arrives with a pointer to its own `data` and the same `call` bytes (the arguments
+/// every lane must give alike); the last lane to arrive runs `run` with the 32 lanes' data
+/// pointers (lane order) and the call, then every lane continues. Lanes that disagree on the
+/// call, or a warp with exited lanes, are device faults.
+void warp_operation(const char* name, const void* call, std::size_t call_bytes, void* data,
+                    void (*run)(void* const* lane_data, const void* call));
+/// Stops the calling thread with a device fault (the launch reports `what`).
+[[noreturn]] void device_error(const std::string& what);
 /// Runs `body` as every thread of every block of the grid of `kernel` (whose __shared__ arrays
 /// are refilled before each block); records a launch error or fault.
 void run_grid(dim3 grid, dim3 block, const char* name, const void* kernel, const std::function<void()>& body);
@@ -143,9 +152,17 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
   return ::oasis_emu::from_bits<T>(::oasis_emu::warp_exchange(mask, ::oasis_emu::to_bits(var), src));
 }
 
+/// __syncwarp: the lanes of `mask` wait for each other (a warp collective without a value).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::oasis_emu::warp_exchange(mask, 0, ::oasis_emu::lane_id());
+}
+
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
 using std::isnan;
 
 template <class F>

@@ -61,6 +61,8 @@ const char* cudaGetErrorName(cudaError_t error);
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
 cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
 

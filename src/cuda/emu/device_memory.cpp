@@ -1,9 +1,10 @@
-// src/cuda/emu/device_memory.cpp — device memory of the CUDA emulator: cudaMalloc, cudaFree,
-// cudaMemcpy, cudaMemset on host memory, with the checks a GPU would make by faulting.
+// src/cuda/emu/device_memory.cpp — device memory of the CUDA emulator: cudaMalloc, cudaFree (and
+// their stream-ordered forms), cudaMemcpy, cudaMemset on host memory, with the checks a GPU would
+// make by faulting.
 //
-// An allocation is host memory filled with 0xFF bytes (NaN in every float lane, so an output a
-// kernel never writes reads back as NaN) between guard bytes that cudaFree checks (a write past
-// either end is a fault). Under AddressSanitizer (the oasis_emu_asan build) there are no guard
+// An allocation is 256-byte aligned host memory filled with 0xFF bytes (NaN in every float lane,
+// so an output a kernel never writes reads back as NaN) between guard bytes that cudaFree checks
+// (a write past either end is a fault). Under AddressSanitizer (the oasis_emu_asan build) there are no guard
 // bytes: ASan's redzones report any out-of-bounds access where it happens. Copies and memsets
 // check that the device side lies inside one live allocation and that the host side of a copy
 // is not device memory.
@@ -19,10 +20,14 @@
 namespace oasis_emu {
 namespace {
 
+// cudaMalloc returns 256-byte aligned memory (CUDA C++ Programming Guide, "Device Memory
+// Accesses"); kernels may rely on it (vector loads, wmma's 32-byte alignment), so the emulator
+// aligns alike: the guard below an allocation is a multiple of 256 bytes.
+constexpr std::size_t kAlign = 256;
 #if defined(__SANITIZE_ADDRESS__)
 constexpr std::size_t kGuard = 0;
 #else
-constexpr std::size_t kGuard = 64;
+constexpr std::size_t kGuard = kAlign;
 #endif
 constexpr unsigned char kGuardByte = 0xA5;
 
@@ -66,8 +71,9 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
   if (!ptr) return set_last(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
-  auto* raw = static_cast<unsigned char*>(std::malloc(bytes + 2 * kGuard));
-  if (!raw) return set_last(cudaErrorMemoryAllocation);
+  void* mem = nullptr;
+  if (posix_memalign(&mem, oasis_emu::kAlign, bytes + 2 * kGuard) != 0) return set_last(cudaErrorMemoryAllocation);
+  auto* raw = static_cast<unsigned char*>(mem);
   std::memset(raw, oasis_emu::kGuardByte, kGuard);
   std::memset(raw + kGuard, 0xFF, bytes);  // NaN in every float lane: unwritten outputs show
   std::memset(raw + kGuard + bytes, oasis_emu::kGuardByte, kGuard);
@@ -102,6 +108,10 @@ cudaError_t cudaFree(void* ptr) {
   }
   return cudaSuccess;
 }
+
+// Stream-ordered allocation: launches run synchronously, so the stream's order is the call order.
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t /*stream*/) { return cudaMalloc(ptr, bytes); }
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t /*stream*/) { return cudaFree(ptr); }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (const cudaError_t p = oasis_emu::take_pending(); p != cudaSuccess) return set_last(p);

@@ -97,6 +97,7 @@ constexpr std::size_t kStackBytes = 256 * 1024;
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr unsigned kMaxGridYZ = 65535;
 constexpr unsigned long long kMaxGridX = 2147483647ull;
+constexpr unsigned kFullWarp = 0xffffffffu;
 
 enum class State { runnable, at_block_barrier, at_warp_barrier, finished };
 
@@ -114,11 +115,16 @@ struct Fiber {
 };
 
 /// One warp collective in progress: the lanes of `mask` arrive with their values and source
-/// lanes; the last to arrive hands every lane its result.
+/// lanes; the last to arrive hands every lane its result. A whole-warp operation (wmma) is a
+/// collective of the full mask whose lanes arrive with a pointer to their own data and a
+/// description of the call, which every lane must give alike; the last to arrive runs it.
 struct Collective {
   unsigned mask = 0, arrived = 0;
   std::uint64_t value[32] = {};
   int src[32] = {};
+  const char* op_name = nullptr;  // null: a shuffle
+  std::vector<unsigned char> op_call;
+  void* op_data[32] = {};
 };
 
 struct Warp {
@@ -253,8 +259,8 @@ void thread_exit(Fiber* f) {
                  " threads of the block wait at __syncthreads() (they would never be released)");
   for (const Collective& c : w.open)
     if (c.mask >> f->lane & 1u)
-      device_fault("exited while lanes of its warp wait for it in a warp collective (__shfl_sync mask " +
-                   std::to_string(c.mask) + ")");
+      device_fault("exited while lanes of its warp wait for it in a warp collective (" +
+                   std::string(c.op_name ? c.op_name : "__shfl_sync") + ", mask " + std::to_string(c.mask) + ")");
 }
 
 extern "C" void fiber_main() {
@@ -415,6 +421,8 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
     c = &w.open.back();
     c->mask = mask;
   }
+  if (c->op_name)
+    device_fault(std::string("calls __shfl_sync while other lanes of its warp wait in ") + c->op_name);
   c->value[f->lane] = value;
   c->src[f->lane] = src_lane;
   c->arrived |= me;
@@ -432,6 +440,54 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
   }
   return f->shuffle_result;
 }
+
+void warp_operation(const char* name, const void* call, std::size_t call_bytes, void* data,
+                    void (*run)(void* const* lane_data, const void* call)) {
+  Scheduler& s = sched();
+  Fiber* f = s.running;
+  Warp& w = s.block.warps[static_cast<std::size_t>(f->warp)];
+  if (w.live != kFullWarp)
+    device_fault(std::string(name) + " needs all 32 lanes of the warp, but lanes have exited or do not exist (live " +
+                 std::to_string(w.live) + ")");
+  Collective* c = nullptr;
+  for (Collective& o : w.open)
+    if (o.mask == kFullWarp) c = &o;
+  const auto* bytes = static_cast<const unsigned char*>(call);
+  if (!c) {
+    w.open.emplace_back();
+    c = &w.open.back();
+    c->mask = kFullWarp;
+    c->op_name = name;
+    c->op_call.assign(bytes, bytes + call_bytes);
+  } else if (!c->op_name || std::strcmp(c->op_name, name) != 0) {
+    device_fault(std::string("calls ") + name + " while other lanes of its warp wait in " +
+                 (c->op_name ? c->op_name : "__shfl_sync"));
+  } else if (c->op_call.size() != call_bytes || std::memcmp(c->op_call.data(), bytes, call_bytes) != 0) {
+    device_fault(std::string("calls ") + name +
+                 " with arguments (pointer, leading dimension, layout or fill value) that differ from those of "
+                 "the other lanes of its warp");
+  }
+  c->op_data[f->lane] = data;
+  c->arrived |= 1u << f->lane;
+  if (c->arrived != kFullWarp) {
+    wait_here(f, State::at_warp_barrier);
+    return;
+  }
+  // Complete: run the operation over every lane's data, then release the lanes. The collective is
+  // closed first, so that a fault inside the operation leaves no open collective behind.
+  void* lane_data[32];
+  std::memcpy(lane_data, c->op_data, sizeof lane_data);
+  std::vector<unsigned char> args = std::move(c->op_call);
+  w.open.erase(w.open.begin() + (c - w.open.data()));
+  const int base = f->warp * 32;
+  for (int l = 0; l < 32; ++l) {
+    Fiber& o = (*s.block.fibers)[static_cast<std::size_t>(base + l)];
+    if (o.state == State::at_warp_barrier) o.state = State::runnable;
+  }
+  run(lane_data, args.data());
+}
+
+void device_error(const std::string& what) { device_fault(what); }
 
 void run_grid(dim3 grid, dim3 block, const char* name, const void* kernel, const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(launch_mutex());

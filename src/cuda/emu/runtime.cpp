@@ -1,6 +1,6 @@
 // src/cuda/emu/runtime.cpp — the CUDA runtime API of the emulator apart from memory: the device
 // it reports, the error state (last error, faults) and its strings, and the 16-bit widening of
-// cuda_fp16.h / cuda_bf16.h.
+// cuda_fp16.h / cuda_bf16.h and their roundings.
 //
 // Errors: a failed API call sets the last error (cudaGetLastError returns and clears it). A
 // device fault (recorded by the execution model, a cudaFree that finds its guard bytes
@@ -63,6 +63,10 @@ std::string last_fault() { return err().fault_message; }
 // tests/verify/test_tensor16.cpp checks against independent definitions).
 float half_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::half_bits_to_double(bits)); }
 float bf16_bits_to_float(std::uint16_t bits) { return static_cast<float>(oasis::io::bf16_bits_to_double(bits)); }
+// The kernels' roundings to 16 bits (the tensor-core kernel's P): float -> double is exact, so the
+// library's one rounding of a double is the rounding of the float.
+std::uint16_t float_to_half_bits(float x) { return oasis::io::double_to_half_bits(static_cast<double>(x)); }
+std::uint16_t float_to_bf16_bits(float x) { return oasis::io::double_to_bf16_bits(static_cast<double>(x)); }
 
 }  // namespace oasis_emu
 

@@ -96,8 +96,10 @@ def test_comparison_options_reach_the_engine(rng):
     with pytest.raises(oasis.InvalidArgument, match="unknown comparison option") as e:
         oasis.check("attention", inputs, outputs, frobnicate=1)
     assert e.value.argument == "frobnicate"
-    # policy= is passed through as a comparison option; this engine has none yet and says so
-    with pytest.raises(oasis.InvalidArgument, match="unknown comparison option") as e:
+    # policy= reaches the engine: the report names it, and an unknown policy is an error naming it
+    assert "policy: worst_case" in str(oasis.check("attention", inputs, outputs, options={"causal": True},
+                                                   policy="worst_case"))
+    with pytest.raises(oasis.InvalidArgument, match="unknown policy 'storage'") as e:
         oasis.check("attention", inputs, outputs, policy="storage")
     assert e.value.argument == "policy"
 

@@ -4,6 +4,7 @@
 // implementation of the zoo passes every case; the fast oracle's verdicts are the mp50 oracle's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -137,10 +138,20 @@ TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
       EXPECT_FALSE(rep.passed) << name << " " << mutant(b).name << "\n" << verify::format_report(rep);
     }
   }
-  // the teeth the default adds: the doubled null passed the worst-case policy at 16 keys
+  // the teeth the default adds: the doubled null passed the worst-case policy at 16 keys; the
+  // default's report says that only a kernel keeping its intermediates in 16 bits may use it
   const zoo::Case c = find_case("bf16_16_keys");
   const io::TensorMap out = outputs_of(run_impl(mutant(zoo::Bug::null_twice), c, io::DType::bf16), io::DType::bf16, {"out"});
   EXPECT_TRUE(check(c, out, verify::Policy::worst_case).passed);
+  const auto hint = [](const verify::CompareReport& r) {
+    return std::count_if(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("16-bit out:", 0) == 0; });
+  };
+  const verify::CompareReport rep = check(c, out);
+  ASSERT_FALSE(rep.passed);
+  EXPECT_EQ(hint(rep), 1) << verify::format_report(rep);
+  EXPECT_EQ(hint(check(c, out, verify::Policy::worst_case)), 0);
+  // no hint on a pass, nor on a failure outside the certain line
+  EXPECT_EQ(hint(check(c, outputs_of(run_impl({"plain"}, c, io::DType::bf16), io::DType::bf16, {"out"}))), 0);
 }
 
 // One element of `out` (the largest) moved by 64 ulps fails at the 64-key prefill, where the

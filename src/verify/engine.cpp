@@ -350,10 +350,11 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
           (t.dtype == DType::f16 || t.dtype == DType::bf16))
         soft += (soft.empty() ? "" : ", ") + t.name;
     if (!soft.empty())
-      rep.notes.push_back("16-bit " + soft +
-                          ": outside the bound of float32 arithmetic stored once in 16 bits, within the worst case of "
-                          "arithmetic in 16 bits throughout; an implementation that keeps its intermediates (scores, "
-                          "weights) in 16 bits is checked with policy worst_case, a float32-accumulating kernel fails");
+      rep.notes.push_back("16-bit " + soft + ": outside the " + std::string(to_string(opt.policy)) +
+                          " bound, within the worst case of arithmetic in 16 bits throughout. A kernel that rounds the "
+                          "probabilities to 16 bits before P V (FlashAttention) is checked with policy p16, one that "
+                          "keeps its scores or weights in 16 bits with worst_case; for a kernel that accumulates in "
+                          "float32 and rounds once the FAIL stands");
   }
   for (const auto& [name, t] : outputs) {
     (void)t;

@@ -152,6 +152,16 @@ TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
   EXPECT_EQ(hint(check(c, out, verify::Policy::worst_case)), 0);
   // no hint on a pass, nor on a failure outside the certain line
   EXPECT_EQ(hint(check(c, outputs_of(run_impl({"plain"}, c, io::DType::bf16), io::DType::bf16, {"out"}))), 0);
+  // a FlashAttention-style kernel (P rounded to bf16) fails the default with the hint naming p16,
+  // and passes p16
+  zoo::Impl fa{"p16_plain", zoo::Algo::plain};
+  fa.p16 = true;
+  const io::TensorMap fa_out = outputs_of(run_impl(fa, c, io::DType::bf16), io::DType::bf16, {"out"});
+  const verify::CompareReport fa_rep = check(c, fa_out);
+  EXPECT_FALSE(fa_rep.passed);
+  EXPECT_EQ(hint(fa_rep), 1) << verify::format_report(fa_rep);
+  EXPECT_NE(verify::format_report(fa_rep).find("policy p16"), std::string::npos);
+  EXPECT_TRUE(check(c, fa_out, verify::Policy::p16).passed);
 }
 
 // One element of `out` (the largest) moved by 64 ulps fails at the 64-key prefill, where the

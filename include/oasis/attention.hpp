@@ -196,11 +196,33 @@ Tensor<T> swap_head_time(const Tensor<T>& x) {
   return y;
 }
 
+/// The scale of the scores in T: T(opt.scale), or 1 / sqrt(d_h).
+template <class T>
+T score_scale(const AttentionShape& s, const AttentionOptions& opt) {
+  using std::sqrt;
+  return opt.scale ? T(*opt.scale) : T(1) / sqrt(T(s.d_h));
+}
+
+/// One row of scores in T: z_j = scale <q_t, k_{kr.begin + j}> (+ bias), the products summed in
+/// column order, for the keys kr visible to query t of head h (kv head hk). The forward and the
+/// backward reference compute their rows with it, so the backward's scores are the forward's.
+template <class T>
+void score_row(const Tensor<T>& q, const Tensor<T>& k, const AttentionShape& s, const AttentionOptions& opt, T scale,
+               index_t b, index_t h, index_t hk, index_t t, const KeyRange& kr, T* z) {
+  const T* qt = q.ptr(b, h, t);
+  for (index_t j = 0; j < kr.count(); ++j) {
+    const T* kj = k.ptr(b, hk, kr.begin + j);
+    T dot(0);
+    for (index_t c = 0; c < s.d_h; ++c) dot += qt[c] * kj[c];
+    z[j] = scale * dot;
+    if (!opt.bias.empty()) z[j] += T(attention_bias(opt, b, h, t, kr.begin + j));
+  }
+}
+
 /// The reference token attention (SPEC §2).
 template <class T>
 AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                    const AttentionOptions& opt = {}) {
-  using std::sqrt;
   const AttentionShape s = check_attention_args(q, k, v, opt);
   if (opt.layout == AttentionLayout::bthd) {  // the same computation on [B, H, T, d] views
     AttentionOptions o = opt;
@@ -209,7 +231,7 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
     r.out = swap_head_time(r.out);
     return r;
   }
-  const T scale = opt.scale ? T(*opt.scale) : T(1) / sqrt(T(s.d_h));
+  const T scale = score_scale<T>(s, opt);
   const index_t group = s.H / s.H_kv;
 
   AttentionResult<T> r;
@@ -226,14 +248,7 @@ AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const
       for (index_t t = 0; t < s.Tq; ++t) {
         const KeyRange kr = visible_range(s, opt, b, t);
         const index_t m = kr.count();
-        const T* qt = q.ptr(b, h, t);
-        for (index_t j = 0; j < m; ++j) {
-          const T* kj = k.ptr(b, hk, kr.begin + j);
-          T dot(0);
-          for (index_t c = 0; c < s.d_h; ++c) dot += qt[c] * kj[c];
-          z[static_cast<std::size_t>(j)] = scale * dot;
-          if (!opt.bias.empty()) z[static_cast<std::size_t>(j)] += T(attention_bias(opt, b, h, t, kr.begin + j));
-        }
+        score_row(q, k, s, opt, scale, b, h, hk, t, kr, z.data());
         const RowStats<T> st = normalize_row(opt.normalizer, z.data(), m, null_logit, p.data(),
                                              opt.norm_params, opt.masked_row, "scores");
         r.lse(b, h, t) = st.lse;

@@ -156,8 +156,10 @@ SublayerResult attn_res_sublayer(const Tensor<float>& sources, const Tensor<floa
   OASIS_REQUIRE(cfg.psi_estimator == model::PsiEstimator::p_null, "psi_estimator",
                 "the CUDA sublayer computes psi from p_null, got ", to_string(cfg.psi_estimator));
   OASIS_REQUIRE(dh <= detail::kMaxHeadDim, "d_head", "must be in [1, ", detail::kMaxHeadDim, "], got ", dh);
-  OASIS_REQUIRE(!w.gate_w && !w.gate_b, "gate_w", "gated attention is not implemented by the CUDA sublayer");
-  OASIS_REQUIRE(!w.sink_k && !w.sink_v, "sink_k", "the prefix sink is not implemented by the CUDA sublayer");
+  OASIS_REQUIRE(!w.gate_w && !w.gate_b, "gate_w",
+                "the CUDA sublayer has no gated attention (a baseline of the reference model only)");
+  OASIS_REQUIRE(!w.sink_k && !w.sink_v, "sink_k",
+                "the CUDA sublayer has no prefix sink (a baseline of the reference model only)");
   require_gain(required(w.norm, "norm"), d, "norm");
   require_matrix(w.wq, H * dh, d, "wq");
   require_matrix(w.wk, Hkv * dh, d, "wk");

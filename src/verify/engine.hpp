@@ -19,6 +19,7 @@
 #include "oasis/io/json.hpp"
 #include "oasis/multiprecision.hpp"
 #include "oasis/normalizer.hpp"
+#include "oasis/attention.hpp"
 #include "oasis/depth.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis/verify/policy.hpp"
@@ -153,6 +154,9 @@ std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed);
 
 /// Option "normalizer" of the ops with derived bounds: softmax or softmax1.
 RowNorm token_normalizer(const Options& o, const std::string& key);
+/// The attention ops' AttentionOptions: options normalizer, causal, key_lengths, null_logits,
+/// scale, window, layout and the input tensors null_logits, bias, mask (op_attention.cpp).
+AttentionOptions attention_call_options(const Options& o, const TensorMap& in);
 /// Options of the depth ops (coupling, depth).
 extern const std::vector<std::string> kDepthOptionKeys;
 DepthOptions parse_depth_options(const Options& o, bool coupling_default);

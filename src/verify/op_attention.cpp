@@ -109,36 +109,7 @@ CompareReport run(const OpCall& call) {
   const Options& o = call.options;
   const CompareOptions& copt = call.compare;
   const StoredTensor &q = need(in, "q", "attention"), &k = need(in, "k", "attention"), &v = need(in, "v", "attention");
-  AttentionOptions a;
-  a.normalizer = token_normalizer(o, "normalizer");
-  a.causal = o.boolean("causal", false);
-  a.key_lengths = o.integers("key_lengths");
-  a.null_logits = o.numbers("null_logits");
-  if (const StoredTensor* nl = maybe(in, "null_logits")) {
-    OASIS_REQUIRE(a.null_logits.empty(), "null_logits", "given both as input tensor and as option");
-    OASIS_REQUIRE(nl->values.rank() == 1, "null_logits", "input tensor must have shape [H], got ", shape_str(nl->values.shape()));
-    a.null_logits = nl->values.storage();
-  }
-  if (o.has("scale")) a.scale = o.number("scale", 1.0);
-  if (o.has("window")) {
-    const double wv = o.number("window", 0.0);
-    OASIS_REQUIRE(wv >= 0 && wv == std::floor(wv) && wv < 9.0e15, "window", "must be a non-negative integer (0: none), got ", wv);
-    a.window = static_cast<index_t>(wv);
-  }
-  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
-  const StoredTensor* bias = maybe(in, "bias");
-  const StoredTensor* mask = maybe(in, "mask");
-  if (bias) a.bias = bias->values;
-  if (mask) {
-    const Tensor<double> mb = mask_to_bias(*mask);
-    if (!bias) {
-      a.bias = mb;
-    } else {
-      OASIS_REQUIRE(mb.shape() == a.bias.shape(), "mask", "shape ", shape_str(mb.shape()), " differs from bias ",
-                    shape_str(a.bias.shape()), " (give both with the same shape, or one of them)");
-      for (index_t i = 0; i < mb.size(); ++i) a.bias[i] += mb[i];
-    }
-  }
+  const AttentionOptions a = attention_call_options(o, in);
   AttnCall c(q.values, k.values, v.values, a);
   c.probs_needed = out.count("probs") > 0;
   const Shape out_shape = c.bthd() ? Shape{c.s.B, c.s.Tq, c.s.H, c.s.d_v} : Shape{c.s.B, c.s.H, c.s.Tq, c.s.d_v};
@@ -288,6 +259,42 @@ CompareReport run(const OpCall& call) {
 }
 
 }  // namespace
+
+/// The op's AttentionOptions from its options and its optional input tensors null_logits, bias
+/// and mask (mask: 1 visible / 0 masked, added to the bias as 0 / -inf).
+AttentionOptions attention_call_options(const Options& o, const TensorMap& in) {
+  AttentionOptions a;
+  a.normalizer = token_normalizer(o, "normalizer");
+  a.causal = o.boolean("causal", false);
+  a.key_lengths = o.integers("key_lengths");
+  a.null_logits = o.numbers("null_logits");
+  if (const StoredTensor* nl = maybe(in, "null_logits")) {
+    OASIS_REQUIRE(a.null_logits.empty(), "null_logits", "given both as input tensor and as option");
+    OASIS_REQUIRE(nl->values.rank() == 1, "null_logits", "input tensor must have shape [H], got ", shape_str(nl->values.shape()));
+    a.null_logits = nl->values.storage();
+  }
+  if (o.has("scale")) a.scale = o.number("scale", 1.0);
+  if (o.has("window")) {
+    const double wv = o.number("window", 0.0);
+    OASIS_REQUIRE(wv >= 0 && wv == std::floor(wv) && wv < 9.0e15, "window", "must be a non-negative integer (0: none), got ", wv);
+    a.window = static_cast<index_t>(wv);
+  }
+  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
+  const StoredTensor* bias = maybe(in, "bias");
+  const StoredTensor* mask = maybe(in, "mask");
+  if (bias) a.bias = bias->values;
+  if (mask) {
+    const Tensor<double> mb = mask_to_bias(*mask);
+    if (!bias) {
+      a.bias = mb;
+    } else {
+      OASIS_REQUIRE(mb.shape() == a.bias.shape(), "mask", "shape ", shape_str(mb.shape()), " differs from bias ",
+                    shape_str(a.bias.shape()), " (give both with the same shape, or one of them)");
+      for (index_t i = 0; i < mb.size(); ++i) a.bias[i] += mb[i];
+    }
+  }
+  return a;
+}
 
 OpSpec attention_op() {
   OpSpec s{"attention",

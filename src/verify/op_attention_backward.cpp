@@ -10,27 +10,6 @@
 namespace oasis::verify::detail {
 namespace {
 
-/// The forward's options, from the op's options and its optional input tensors null_logits, bias.
-AttentionOptions attention_options(const Options& o, const TensorMap& in) {
-  AttentionOptions a;
-  a.normalizer = token_normalizer(o, "normalizer");
-  a.causal = o.boolean("causal", false);
-  a.key_lengths = o.integers("key_lengths");
-  a.null_logits = o.numbers("null_logits");
-  if (const StoredTensor* nl = maybe(in, "null_logits")) {
-    OASIS_REQUIRE(a.null_logits.empty(), "null_logits", "given both as input tensor and as option");
-    OASIS_REQUIRE(nl->values.rank() == 1, "null_logits", "input tensor must have shape [H], got ", shape_str(nl->values.shape()));
-    a.null_logits = nl->values.storage();
-  }
-  if (o.has("scale")) a.scale = o.number("scale", 1.0);
-  const double w = o.number("window", 0.0);
-  OASIS_REQUIRE(w >= 0 && w == std::floor(w) && w < 9.0e15, "window", "must be a non-negative integer (0: none)");
-  a.window = static_cast<index_t>(w);
-  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
-  if (const StoredTensor* b = maybe(in, "bias")) a.bias = b->values;
-  return a;
-}
-
 CompareReport run(const OpCall& c) {
   const TensorMap &in = c.inputs, &out = c.outputs;
   const std::string op = "attention_backward";
@@ -38,7 +17,7 @@ CompareReport run(const OpCall& c) {
   const StoredTensor *dlse = maybe(in, "grad_lse"), *dpn = maybe(in, "grad_p_null");
   if (dlse) (void)need(in, "grad_lse", op);
   if (dpn) (void)need(in, "grad_p_null", op);
-  AttentionOptions a = attention_options(c.options, in);
+  AttentionOptions a = attention_call_options(c.options, in);
   OASIS_REQUIRE(!out.count("grad_null_logits") || a.normalizer == RowNorm::softmax1, "outputs",
                 "grad_null_logits given but the normaliser is softmax (no null logit)");
   OASIS_REQUIRE(!out.count("grad_bias") || !a.bias.empty(), "outputs", "grad_bias given but the inputs hold no bias");

@@ -69,7 +69,6 @@ void check_attention_cotangents(const AttentionShape& s, const AttentionOptions&
 template <class T>
 AttentionGrads<T> token_attention_backward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                            const AttentionCotangents<T>& d, const AttentionOptions& opt = {}) {
-  using std::sqrt;
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   if (opt.layout == AttentionLayout::bthd) {  // the same computation on [B, H, T, d] views
@@ -82,7 +81,7 @@ AttentionGrads<T> token_attention_backward(const Tensor<T>& q, const Tensor<T>& 
     g.v = swap_head_time(g.v);
     return g;
   }
-  const T scale = opt.scale ? T(*opt.scale) : T(1) / sqrt(T(s.d_h));
+  const T scale = score_scale<T>(s, opt);
   const index_t group = s.H / s.H_kv;
   const bool has_null = opt.normalizer == RowNorm::softmax1;
 
@@ -104,14 +103,8 @@ AttentionGrads<T> token_attention_backward(const Tensor<T>& q, const Tensor<T>& 
         // the forward row, exactly as token_attention computes it
         const KeyRange kr = visible_range(s, opt, b, t);
         const index_t m = kr.count();
+        score_row(q, k, s, opt, scale, b, h, hk, t, kr, z.data());
         const T* qt = q.ptr(b, h, t);
-        for (index_t j = 0; j < m; ++j) {
-          const T* kj = k.ptr(b, hk, kr.begin + j);
-          T dot(0);
-          for (index_t c = 0; c < s.d_h; ++c) dot += qt[c] * kj[c];
-          z[static_cast<std::size_t>(j)] = scale * dot;
-          if (!opt.bias.empty()) z[static_cast<std::size_t>(j)] += T(attention_bias(opt, b, h, t, kr.begin + j));
-        }
         const RowStats<T> st = normalize_row(opt.normalizer, z.data(), m, null_logit, p.data(), opt.norm_params,
                                              opt.masked_row, "scores");
         // dp_j = <dO_t, v_j>, then the row backward

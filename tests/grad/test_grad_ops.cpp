@@ -98,6 +98,47 @@ TEST(GradOps, AttentionBackwardPassesInF32AndF64AndNamesAMovedElement) {
   }
 }
 
+// The fast oracle (double with its own error bound folded in) gives the mp50 oracle's verdicts:
+// the same violations on correct gradients and on a moved element, in f32 and f64, and for f32
+// outputs the same worst ratios to rounding; the report names the oracle.
+TEST(GradOps, AttentionBackwardFastOracleAgreesWithMp50) {
+  const AttnCase c = attn_case();
+  const io::TensorMap in = as_map({{"q", c.q}, {"k", c.k}, {"v", c.v}, {"grad_out", c.dout}, {"grad_lse", c.dlse},
+                                   {"null_logits", c.nl}, {"bias", c.bias}});
+  const io::json::Value opt = io::json::parse(kAttnOptions);
+  verify::CompareOptions fast, mp;
+  mp.oracle = verify::Oracle::mp50;
+  for (io::DType d : {io::DType::f32, io::DType::f64}) {
+    auto out_of = [&](const auto& g) {
+      return as_map({{"grad_q", g.q.template cast<double>()}, {"grad_k", g.k.template cast<double>()},
+                     {"grad_v", g.v.template cast<double>()}, {"grad_null_logits", g.null_logits.template cast<double>()},
+                     {"grad_bias", g.bias.template cast<double>()}},
+                    d);
+    };
+    io::TensorMap out = d == io::DType::f32 ? out_of(attn_grads<float>(c)) : out_of(attn_grads<double>(c));
+    for (int moved = 0; moved < 2; ++moved) {
+      if (moved) out.at("grad_v").values[3] *= 1.001;
+      const verify::CompareReport a = verify::check("attention_backward", in, out, opt, fast);
+      const verify::CompareReport b = verify::check("attention_backward", in, out, opt, mp);
+      EXPECT_EQ(a.oracle, "fast (double, its own error bound folded in)");
+      EXPECT_EQ(b.oracle, "mp50");
+      EXPECT_EQ(a.passed, !moved) << verify::format_report(a);
+      EXPECT_EQ(a.passed, b.passed);
+      ASSERT_EQ(a.tensors.size(), b.tensors.size());
+      for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+        SCOPED_TRACE(a.tensors[i].name);
+        EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+        EXPECT_EQ(a.tensors[i].violations, b.tensors[i].violations);
+        EXPECT_EQ(a.tensors[i].violations_certain, b.tensors[i].violations_certain);
+        // f32: the double reference's own error is ~2^-29 of the float error; f64 outputs of the
+        // double backward are the fast oracle's reference itself (estimated error 0): verdicts only
+        if (d == io::DType::f32)
+          EXPECT_NEAR(a.tensors[i].worst_ratio, b.tensors[i].worst_ratio, 1e-6 * b.tensors[i].worst_ratio + 1e-12);
+      }
+    }
+  }
+}
+
 TEST(GradOps, AttentionBackwardInputErrors) {
   const AttnCase c = attn_case();
   const AttentionGrads<float> g = attn_grads<float>(c);

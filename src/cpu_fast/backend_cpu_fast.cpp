@@ -90,6 +90,21 @@ float* grow(std::vector<float>& b, std::size_t n) {
   return b.data();
 }
 
+// Each (batch, query)'s visible keys (visible_range) in the calling thread's buffer: the begin of
+// (b, t) at [b Tq + t], its end B Tq further.
+index_t* key_ranges(const AttentionShape& s, const AttentionOptions& opt) {
+  if (tl_span.size() < static_cast<std::size_t>(2 * s.B * s.Tq)) tl_span.resize(static_cast<std::size_t>(2 * s.B * s.Tq));
+  index_t* kbegin = tl_span.data();
+  index_t* kend = kbegin + s.B * s.Tq;
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t t = 0; t < s.Tq; ++t) {
+      const KeyRange kr = visible_range(s, opt, b, t);
+      kbegin[b * s.Tq + t] = kr.begin;
+      kend[b * s.Tq + t] = kr.end;
+    }
+  return kbegin;
+}
+
 void ensure_shape(Tensor<float>& t, const Shape& s) {
   if (t.shape() == s) return;
   std::vector<float> st = std::move(t.storage());
@@ -185,15 +200,8 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
 
   float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
   float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
-  if (tl_span.size() < static_cast<std::size_t>(2 * s.B * s.Tq)) tl_span.resize(static_cast<std::size_t>(2 * s.B * s.Tq));
-  index_t* kbegin = tl_span.data();
+  index_t* kbegin = key_ranges(s, opt);
   index_t* kend = kbegin + s.B * s.Tq;
-  for (index_t b = 0; b < s.B; ++b)
-    for (index_t t = 0; t < s.Tq; ++t) {
-      const KeyRange kr = visible_range(s, opt, b, t);
-      kbegin[b * s.Tq + t] = kr.begin;
-      kend[b * s.Tq + t] = kr.end;
-    }
 
   const float* kd_ = k.data();
   const float* vd = v.data();
@@ -387,15 +395,8 @@ void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<
 
   // visible key ranges per (batch, query); chunks of key tiles per (batch, kv head): one when
   // there are at least as many kv heads as threads, else enough for about two tasks per thread
-  if (tl_span.size() < static_cast<std::size_t>(2 * s.B * s.Tq)) tl_span.resize(static_cast<std::size_t>(2 * s.B * s.Tq));
-  index_t* kbegin = tl_span.data();
+  index_t* kbegin = key_ranges(s, opt);
   index_t* kend = kbegin + s.B * s.Tq;
-  for (index_t b = 0; b < s.B; ++b)
-    for (index_t t = 0; t < s.Tq; ++t) {
-      const KeyRange kr = visible_range(s, opt, b, t);
-      kbegin[b * s.Tq + t] = kr.begin;
-      kend[b * s.Tq + t] = kr.end;
-    }
   const index_t threads = omp_get_max_threads();
   const index_t nc = BHkv >= threads ? 1 : std::min(nt, (2 * threads + BHkv - 1) / BHkv);
   if (tl_chunks.size() < static_cast<std::size_t>(s.B * (nc + 1))) tl_chunks.resize(static_cast<std::size_t>(s.B * (nc + 1)));

@@ -176,6 +176,30 @@ void check_masked_lse(const AttentionShape& s, const AttentionOptions& opt, cons
                         ": every visible score is -inf) and MaskedRow::error was requested");
 }
 
+DeviceAttentionOutputs run_forward(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt,
+                                   bool keep_row_state, const std::function<void(const AttentionLaunch&)>& launch) {
+  const std::size_t rows = static_cast<std::size_t>(s.B * s.H * s.Tq);
+  DeviceAttentionOutputs o{DeviceBuffer<float>(rows * static_cast<std::size_t>(s.d_v)), DeviceBuffer<float>(rows),
+                           DeviceBuffer<float>(rows), DeviceBuffer<float>(keep_row_state ? rows : 0),
+                           DeviceBuffer<float>(keep_row_state ? rows : 0)};
+  DeviceBuffer<int> bad(1);
+  check(cudaMemset(bad.get(), 0, sizeof(int)), "cudaMemset");
+  a.out = o.out.get();
+  a.lse = o.lse.get();
+  a.p_null = o.p_null.get();
+  a.row_max = o.row_max.get();
+  a.row_sum = o.row_sum.get();
+  a.bad_score = bad.get();
+  launch(a);
+  int bad_score = 0;
+  bad.download(&bad_score);
+  a.bad_score = nullptr;  // freed here
+  // As normalize_row: a NaN or +inf score (q.k overflowed float) is rejected.
+  OASIS_REQUIRE(bad_score == 0, "scores", "a score q.k * scale", opt.bias.empty() ? "" : " + bias",
+                " overflowed to NaN or +inf (the inputs are too large for float32 scores)");
+  return o;
+}
+
 namespace {
 
 /// Runs validated attention from host buffers of element size `elem` (already in device layout)
@@ -190,25 +214,11 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
   dq.upload(static_cast<const unsigned char*>(q));
   dk.upload(static_cast<const unsigned char*>(k));
   dv.upload(static_cast<const unsigned char*>(v));
-  DeviceBuffer<float> dout(rows * static_cast<std::size_t>(s.d_v)), dlse(rows), dpn(rows);
-  DeviceBuffer<float> dmax(opt.return_probs ? rows : 0), dsum(opt.return_probs ? rows : 0);
-  DeviceBuffer<int> dbad(1);
-  check(cudaMemset(dbad.get(), 0, sizeof(int)), "cudaMemset");
-
   AttentionLaunch a = layout_launch(type, dq.get(), dk.get(), dv.get(), s, opt.layout);
   const DeviceAttentionOptions options = set_attention_options(a, s, opt);
-  a.out = dout.get();
-  a.lse = dlse.get();
-  a.p_null = dpn.get();
-  a.row_max = dmax.get();
-  a.row_sum = dsum.get();
-  a.bad_score = dbad.get();
-  launch_chosen(a, kernel, nullptr);
-  int bad = 0;
-  dbad.download(&bad);
-  // As normalize_row: a NaN or +inf score (q.k overflowed float) is rejected.
-  OASIS_REQUIRE(bad == 0, "scores", "a score q.k * scale", opt.bias.empty() ? "" : " + bias",
-                " overflowed to NaN or +inf (the inputs are too large for float32 scores)");
+  // the probabilities are recomputed from each row's final state
+  const DeviceAttentionOutputs o =
+      run_forward(a, s, opt, opt.return_probs, [&](const AttentionLaunch& l) { launch_chosen(l, kernel, nullptr); });
 
   AttentionResult<float> r;
   r.out = opt.layout == AttentionLayout::bhtd ? Tensor<float>({s.B, s.H, s.Tq, s.d_v})
@@ -221,9 +231,9 @@ AttentionResult<float> run_attention(io::DType type, const void* q, const void* 
     check(launch_attention_probs(a, dprobs.get(), nullptr), "attention probabilities launch");
     dprobs.download(r.probs.data());
   }
-  dout.download(r.out.data());
-  dlse.download(r.lse.data());
-  dpn.download(r.p_null.data());
+  o.out.download(r.out.data());
+  o.lse.download(r.lse.data());
+  o.p_null.download(r.p_null.data());
   check(cudaDeviceSynchronize(), "attention kernels");
   check_masked_lse(s, opt, r.lse);
   return r;

@@ -26,25 +26,13 @@ AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>& q, cons
   const std::size_t rows = static_cast<std::size_t>(s.B * s.H * s.Tq);
   const bool want_dz = opt.return_probs || !opt.bias.empty();
   DeviceBuffer<float> q_dev = to_device(q), k_dev = to_device(k), v_dev = to_device(v);
-  DeviceBuffer<float> out(rows * static_cast<std::size_t>(s.d_v)), lse(rows), pn(rows), mx(rows), sm(rows);
-  DeviceBuffer<int> bad(1);
-  check(cudaMemset(bad.get(), 0, sizeof(int)), "cudaMemset");
   AttentionLaunch a = layout_launch(io::DType::f32, q_dev.get(), k_dev.get(), v_dev.get(), s, opt.layout);
   const DeviceAttentionOptions options = set_attention_options(a, s, opt);
-  a.out = out.get();
-  a.lse = lse.get();
-  a.p_null = pn.get();
-  a.row_max = mx.get();
-  a.row_sum = sm.get();
-  a.bad_score = bad.get();
-  check(launch_attention(a, nullptr), "fused attention launch");
-  int bad_score = 0;
-  bad.download(&bad_score);
-  // As normalize_row (and the forward): a NaN or +inf score (q.k overflowed float) is rejected.
-  OASIS_REQUIRE(bad_score == 0, "scores", "a score q.k * scale", opt.bias.empty() ? "" : " + bias",
-                " overflowed to NaN or +inf (the inputs are too large for float32 scores)");
+  // the fused forward, keeping each row's final state (M, S) for the recomputed probabilities
+  const DeviceAttentionOutputs fwd = run_forward(
+      a, s, opt, true, [](const AttentionLaunch& l) { check(launch_attention(l, nullptr), "fused attention launch"); });
   Tensor<float> lse_host({s.B, s.H, s.Tq});
-  lse.download(lse_host.data());
+  fwd.lse.download(lse_host.data());
   check_masked_lse(s, opt, lse_host);
 
   DeviceBuffer<float> dout = to_device(d.out), dlse = to_device(d.lse), dpn = to_device(d.p_null);

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -107,6 +108,15 @@ struct DeviceAttentionOptions {
 };
 /// Sets the launch's normaliser, null logits, masks, bias and scale from `opt`.
 DeviceAttentionOptions set_attention_options(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt);
+/// The device outputs of one forward: out, LSE, p_null and, when kept, each row's final online
+/// state (M, S) from which the probabilities and the backward are recomputed.
+struct DeviceAttentionOutputs {
+  DeviceBuffer<float> out, lse, p_null, row_max, row_sum;
+};
+/// Points the filled launch `a` at fresh output buffers (the row state when `keep_row_state`),
+/// runs `launch` on it and rejects a NaN or +inf score as normalize_row does ("scores").
+DeviceAttentionOutputs run_forward(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt,
+                                   bool keep_row_state, const std::function<void(const AttentionLaunch&)>& launch);
 
 }  // namespace oasis::cuda::detail
 

@@ -159,28 +159,57 @@ TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got
 
 namespace detail {
 
-void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob) {
+namespace {
+
+const Shape& shape_of(const Ref* r) { return r->shape(); }
+index_t size_of(const Ref* r) { return r->size(); }
+RefValue value_at(const Ref* r, index_t i) {
+  const double hi = static_cast<double>((*r)[i]);
+  const double lo = std::isfinite(hi) ? static_cast<double>((*r)[i] - mp50(hi)) : 0.0;
+  return {hi, lo, 0.0, &(*r)[i]};
+}
+const Shape& shape_of(const DoubleRef& r) { return r.value->shape(); }
+index_t size_of(const DoubleRef& r) { return r.value->size(); }
+RefValue value_at(const DoubleRef& r, index_t i) { return {(*r.value)[i], 0.0, r.err_scale * (*r.err)[i]}; }
+
+/// Both compare_outputs: every output present judged element by element; returns the number of
+/// elements left undecided (always 0 for mp50 references).
+template <class R>
+index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, R>& refs,
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob, double rho) {
+  index_t undecided = 0;
   for (const auto& [name, t] : outputs) {
     auto it = refs.find(name);
     if (it == refs.end()) continue;  // an input of the op held in the same file (the engine checked the names)
-    const Ref& ref = *it->second;
-    if (t.values.shape() != ref.shape()) {
-      rep.tensors.push_back(shape_mismatch(name, t, ref.shape()));
+    const R& ref = it->second;
+    if (t.values.shape() != shape_of(ref)) {
+      rep.tensors.push_back(shape_mismatch(name, t, shape_of(ref)));
       continue;
     }
     const Tensor<double>& wc = bounds.raw(name, t.dtype);
     const Tensor<double>* pb = prob ? &prob->raw(name, t.dtype) : nullptr;
     TensorCheck chk(name, t, opt.show);
-    for (index_t i = 0; i < ref.size(); ++i) {
-      const double hi = static_cast<double>(ref[i]);
-      const double lo = std::isfinite(hi) ? static_cast<double>(ref[i] - mp50(hi)) : 0.0;
-      chk.add(i, RefValue{hi, lo, 0.0, &ref[i]},
-              allowed_terms(t.dtype, opt.policy, wc[i], pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0));
-    }
+    for (index_t i = 0; i < size_of(ref); ++i)
+      if (!chk.add(i, value_at(ref, i),
+                   allowed_terms(t.dtype, opt.policy, wc[i], pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0,
+                                 rho)))
+        ++undecided;
     rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, pb != nullptr, false)));
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
+  return undecided;
+}
+
+}  // namespace
+
+void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob) {
+  (void)compare_each(rep, outputs, refs, bounds, opt, prob, 0.0);
+}
+
+index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
+                        PlainBounds& bounds, const CompareOptions& opt, double rho) {
+  return compare_each(rep, outputs, refs, bounds, opt, nullptr, rho);
 }
 
 std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed) {

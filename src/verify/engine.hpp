@@ -148,6 +148,32 @@ class PlainBounds {
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
                      PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob = nullptr);
 
+/// A reference computed in double: its values and a bound on their error (times err_scale).
+struct DoubleRef {
+  const Tensor<double>* value;
+  const Tensor<double>* err;
+  double err_scale = 1.0;
+};
+/// As above against double references, the policy's terms known within a relative `rho`; returns
+/// the number of elements their errors leave undecided (rep is then to be recomputed in mp50).
+index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
+                        PlainBounds& bounds, const CompareOptions& opt, double rho);
+
+/// Sorts `v` by `key` and returns the [first, last) index ranges of equal keys (the fast oracles
+/// group their undecided elements by row or token, to recompute each once in mp50).
+template <class T, class Key>
+std::vector<std::pair<std::size_t, std::size_t>> group_by(std::vector<T>& v, Key key) {
+  std::sort(v.begin(), v.end(), [&](const T& a, const T& b) { return key(a) < key(b); });
+  std::vector<std::pair<std::size_t, std::size_t>> spans;
+  for (std::size_t x = 0; x < v.size();) {
+    std::size_t y = x;
+    while (y < v.size() && key(v[y]) == key(v[x])) ++y;
+    spans.emplace_back(x, y);
+    x = y;
+  }
+  return spans;
+}
+
 /// `n` distinct rows of `total` drawn with `seed` (sorted; all rows when n = 0 or n >= total).
 /// Reproducible on every platform (SplitMix64, no standard-library distribution).
 std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed);

@@ -216,14 +216,7 @@ CompareReport run(const OpCall& call) {
       i = j;
     }
     // the open elements, their rows recomputed in mp50
-    std::sort(open.begin(), open.end(), [](const Open& x, const Open& y) { return x.row < y.row; });
-    std::vector<std::pair<std::size_t, std::size_t>> spans;  // [first, last) of each row in `open`
-    for (std::size_t x = 0; x < open.size();) {
-      std::size_t y = x;
-      while (y < open.size() && open[y].row == open[x].row) ++y;
-      spans.emplace_back(x, y);
-      x = y;
-    }
+    const auto spans = group_by(open, [](const Open& x) { return x.row; });  // [first, last) per row
 #pragma omp parallel if (spans.size() > 1)
     {
       std::vector<TensorCheck> mine = fresh_checks();

@@ -343,14 +343,7 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
       open.insert(open.end(), undecided.begin(), undecided.end());
     }
   }
-  std::sort(open.begin(), open.end(), [](const Open& a, const Open& b) { return a.token < b.token; });
-  std::vector<std::pair<std::size_t, std::size_t>> spans;
-  for (std::size_t x = 0; x < open.size();) {
-    std::size_t y = x;
-    while (y < open.size() && open[y].token == open[x].token) ++y;
-    spans.emplace_back(x, y);
-    x = y;
-  }
+  const auto spans = group_by(open, [](const Open& x) { return x.token; });  // [first, last) per token
 #pragma omp parallel if (spans.size() > 1)
   {
     std::vector<TensorCheck> mine = fresh();

@@ -139,16 +139,15 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, const 
                                                         : rc.readout_step(wide).e.reshaped(x_hp.shape()),
                                        D);
 
+  if (got.values.shape() != x_hp.shape())
+    return tensor_failure(
+        name, got, "shape " + shape_str(got.values.shape()) + " but the model's " + name + " has shape " + shape_str(x_hp.shape()),
+        true);
   TensorReport t;
   t.name = name;
   t.dtype = D;
   t.shape = got.values.shape();
   t.elements = got.values.size();
-  if (got.values.shape() != x_hp.shape()) {
-    t.problem = "shape " + shape_str(got.values.shape()) + " but the model's " + name + " has shape " + shape_str(x_hp.shape());
-    t.violations = t.elements;
-    return t;
-  }
   const index_t w = x_hp.shape().back(), rows = x_hp.size() / w;
   for (index_t r = 0; r < rows; ++r) {
     double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
@@ -219,14 +218,10 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
       continue;
     }
     if (got.values.shape() != shape) {
-      TensorReport t;
-      t.name = name;
-      t.dtype = got.dtype;
-      t.shape = got.values.shape();
-      t.elements = got.values.size();
-      t.violations = t.elements;
-      t.problem = "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " + shape_str(shape);
-      rep.tensors.push_back(t);
+      rep.tensors.push_back(tensor_failure(
+          name, got,
+          "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " + shape_str(shape),
+          true));
       steps[name] = "the configured model's tensor shapes";
       continue;
     }
@@ -245,14 +240,8 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
                           "row error of the plain replay in the trace's precision + floor (docs/verify.md); errors below "
                           "that are not seen");
     } catch (const Unusable& bad) {
-      TensorReport t;
-      t.name = name;
-      t.dtype = got.dtype;
-      t.shape = got.values.shape();
-      t.elements = got.values.size();
-      t.violations = t.elements;
-      t.problem = "cannot be recomputed: it reads " + bad.name + ", which " + bad.why;
-      rep.tensors.push_back(t);
+      // not a proof that this tensor is wrong: the step that produced its input failed
+      rep.tensors.push_back(tensor_failure(name, got, "cannot be recomputed: it reads " + bad.name + ", which " + bad.why, false));
       steps[name] = "(its input failed)";
     }
   }

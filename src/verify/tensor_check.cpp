@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 namespace oasis::verify::detail {
 namespace {
@@ -169,17 +170,26 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
   return r;
 }
 
-TensorReport shape_mismatch(const std::string& name, const io::StoredTensor& got, const Shape& want) {
+TensorReport tensor_failure(const std::string& name, const io::StoredTensor& got, std::string problem, bool certain) {
   TensorReport r;
   r.name = name;
   r.dtype = got.dtype;
   r.shape = got.values.shape();
   r.elements = got.values.size();
-  r.problem = "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(want);
-  r.violations = r.violations_certain = r.elements;
-  r.certain_failure = true;
-  r.max_abs = r.worst_ratio = r.worst_ratio_certain = kInf;
+  r.problem = std::move(problem);
+  r.violations = r.elements;
+  if (certain) {
+    r.violations_certain = r.elements;
+    r.certain_failure = true;
+    r.max_abs = r.worst_ratio = r.worst_ratio_certain = kInf;
+  }
   return r;
+}
+
+TensorReport shape_mismatch(const std::string& name, const io::StoredTensor& got, const Shape& want) {
+  return tensor_failure(name, got,
+                        "shape " + shape_str(got.values.shape()) + " but the oracle's " + name + " has shape " + shape_str(want),
+                        true);
 }
 
 }  // namespace oasis::verify::detail

@@ -63,6 +63,8 @@ class TensorCheck {
   std::vector<std::pair<index_t, std::string>> mismatches_;
 };
 
+/// A whole-tensor failure stating `problem`; `certain`: a proof that the tensor is wrong (FAIL-certain).
+TensorReport tensor_failure(const std::string& name, const io::StoredTensor& got, std::string problem, bool certain);
 /// A tensor whose shape differs from the oracle's: the whole tensor fails, naming both shapes.
 TensorReport shape_mismatch(const std::string& name, const io::StoredTensor& got, const Shape& want);
 

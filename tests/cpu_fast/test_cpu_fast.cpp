@@ -659,6 +659,28 @@ TEST(CpuFastOverflow, BadScoreAmongNegInfScoresThrowsLikeReference) {
   }
 }
 
+// An overflow the row does not see changes nothing: on every ISA the fast result is bitwise that
+// of the inputs without it (`clean`) and meets the parity criterion against the reference `ref`
+// (computed on `in`, where it must not throw) and the mp50 oracle.
+void expect_overflow_ignored(const OverflowInputs& in, const OverflowInputs& clean, const AttentionOptions& opt,
+                             const AttentionResult<float>& ref) {
+  const AttentionResult<R> mp = token_attention(clean.q.cast<R>(), clean.k.cast<R>(), clean.v.cast<R>(), opt);
+  IsaGuard guard;
+  for (const std::string& isa : cpu_fast::available_isas()) {
+    SCOPED_TRACE("isa " + isa);
+    cpu_fast::set_isa(isa);
+    AttentionResult<float> fast;
+    ASSERT_NO_THROW(fast = cpu_fast::token_attention(in.q, in.k, in.v, opt));
+    const AttentionResult<float> fast_clean = cpu_fast::token_attention(clean.q, clean.k, clean.v, opt);
+    EXPECT_TRUE(oasis::test::exactly_equal("out", fast.out, fast_clean.out));
+    EXPECT_TRUE(oasis::test::exactly_equal("lse", fast.lse, fast_clean.lse));
+    EXPECT_TRUE(oasis::test::exactly_equal("p_null", fast.p_null, fast_clean.p_null));
+    EXPECT_TRUE(oasis::test::exactly_equal("probs", fast.probs, fast_clean.probs));
+    const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
+    EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
+  }
+}
+
 // An overflowing (q, k) pair at a key the row does not see: beyond the batch element's key length,
 // or causally hidden (in a tile the row partly sees, so the overflow sits in a masked lane).
 // Nothing is thrown and the result is bitwise that of the same inputs without the overflow (only
@@ -677,21 +699,7 @@ TEST(CpuFastOverflow, OverflowAtMaskedKeyIsIgnoredLikeReference) {
     const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);  // no throw
     const AttentionResult<float> ref_clean = token_attention(clean.q, clean.k, clean.v, opt);
     EXPECT_TRUE(oasis::test::exactly_equal("ref out", ref.out, ref_clean.out));
-    const AttentionResult<R> mp = token_attention(clean.q.cast<R>(), clean.k.cast<R>(), clean.v.cast<R>(), opt);
-    IsaGuard guard;
-    for (const std::string& isa : cpu_fast::available_isas()) {
-      SCOPED_TRACE("isa " + isa);
-      cpu_fast::set_isa(isa);
-      AttentionResult<float> fast;
-      ASSERT_NO_THROW(fast = cpu_fast::token_attention(in.q, in.k, in.v, opt));
-      const AttentionResult<float> fast_clean = cpu_fast::token_attention(clean.q, clean.k, clean.v, opt);
-      EXPECT_TRUE(oasis::test::exactly_equal("out", fast.out, fast_clean.out));
-      EXPECT_TRUE(oasis::test::exactly_equal("lse", fast.lse, fast_clean.lse));
-      EXPECT_TRUE(oasis::test::exactly_equal("p_null", fast.p_null, fast_clean.p_null));
-      EXPECT_TRUE(oasis::test::exactly_equal("probs", fast.probs, fast_clean.probs));
-      const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
-      EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
-    }
+    expect_overflow_ignored(in, clean, opt, ref);
   }
 }
 
@@ -710,20 +718,7 @@ TEST(CpuFastOverflow, OverflowOutsideTheWindowIsIgnoredLikeReference) {
     plant(in, 1, 0, 65, 130, 1e20f, 1e20f, 1e20f, -1e20f);
     plant(in, 0, 1, 3, 20, 1e20f, 0.0f, 1e20f, 0.0f);
     const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, opt);  // no throw
-    const AttentionResult<R> mp = token_attention(clean.q.cast<R>(), clean.k.cast<R>(), clean.v.cast<R>(), opt);
-    IsaGuard guard;
-    for (const std::string& isa : cpu_fast::available_isas()) {
-      SCOPED_TRACE("isa " + isa);
-      cpu_fast::set_isa(isa);
-      AttentionResult<float> fast;
-      ASSERT_NO_THROW(fast = cpu_fast::token_attention(in.q, in.k, in.v, opt));
-      const AttentionResult<float> fast_clean = cpu_fast::token_attention(clean.q, clean.k, clean.v, opt);
-      EXPECT_TRUE(oasis::test::exactly_equal("out", fast.out, fast_clean.out));
-      EXPECT_TRUE(oasis::test::exactly_equal("lse", fast.lse, fast_clean.lse));
-      EXPECT_TRUE(oasis::test::exactly_equal("probs", fast.probs, fast_clean.probs));
-      const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
-      EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
-    }
+    expect_overflow_ignored(in, clean, opt, ref);
   }
 }
 

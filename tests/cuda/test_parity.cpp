@@ -19,6 +19,7 @@
 #include "oasis/multiprecision.hpp"
 #include "oasis_test.hpp"
 #include "parity_rule.hpp"
+#include "random_attention_case.hpp"
 #if defined(OASIS_HAVE_CUDA)
 #include "attention_dispatch.hpp"
 #include "device_util.hpp"
@@ -151,28 +152,7 @@ const char* bias_name(BiasKind k) {
 }
 
 RC_GTEST_PROP(RandomShapeParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
-  AttentionCase c;
-  c.name = "random";
-  c.B = *rc::gen::inRange<index_t>(1, 3);
-  c.H_kv = *rc::gen::inRange<index_t>(1, 3);
-  c.H = c.H_kv * *rc::gen::inRange<index_t>(1, 4);
-  c.Tq = *rc::gen::inRange<index_t>(1, 49);
-  c.Tk = *rc::gen::inRange<index_t>(1, 101);
-  c.d_h = *rc::gen::inRange<index_t>(1, 129);
-  c.d_v = *rc::gen::arbitrary<bool>() ? c.d_h : *rc::gen::inRange<index_t>(1, 129);
-  c.normalizer = *rc::gen::element(RowNorm::softmax1, RowNorm::softmax);
-  c.causal = *rc::gen::arbitrary<bool>();
-  if (*rc::gen::arbitrary<bool>())
-    for (index_t b = 0; b < c.B; ++b) c.key_lengths.push_back(*rc::gen::inRange<index_t>(0, c.Tk + 1));
-  c.null_logits = c.normalizer == RowNorm::softmax1 && *rc::gen::arbitrary<bool>();
-  c.q_scale = *rc::gen::element(1.0, 8.0, 40.0);
-  c.probs = *rc::gen::arbitrary<bool>();
-  if (*rc::gen::arbitrary<bool>()) c.window = *rc::gen::inRange<index_t>(1, c.Tk + 6);
-  c.bias = *rc::gen::element(BiasKind::none, BiasKind::none, BiasKind::tk, BiasKind::batch, BiasKind::head,
-                             BiasKind::full);
-  c.bias_masked = *rc::gen::element(0.0, 0.3, 0.9);
-  c.bias_masked_rows = *rc::gen::inRange<index_t>(0, 3);
-  c.layout = *rc::gen::element(AttentionLayout::bhtd, AttentionLayout::bthd);
+  const AttentionCase c = random_attention_case();
   const AttentionInputs in = make_inputs(c, *rc::gen::inRange<std::uint64_t>(0, 1u << 30));
   int ran = 0;
   for (const Backend backend : kBackends) {
@@ -475,26 +455,6 @@ TEST(CudaKernelChoice, InvalidChoicesNameTheOption) {
   }
 }
 
-/// The AttentionLaunch of contiguous [B, H, T, d] device buffers (as the backend builds it).
-cuda::detail::AttentionLaunch contiguous(const AttentionShape& s, const void* q, const void* k, const void* v) {
-  cuda::detail::AttentionLaunch a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.B = static_cast<int>(s.B);
-  a.H = static_cast<int>(s.H);
-  a.H_kv = static_cast<int>(s.H_kv);
-  a.Tq = static_cast<int>(s.Tq);
-  a.Tk = static_cast<int>(s.Tk);
-  a.d_h = static_cast<int>(s.d_h);
-  a.d_v = static_cast<int>(s.d_v);
-  a.q_st = s.d_h, a.q_sh = s.Tq * s.d_h, a.q_sb = s.H * s.Tq * s.d_h;
-  a.k_st = s.d_h, a.k_sh = s.Tk * s.d_h, a.k_sb = s.H_kv * s.Tk * s.d_h;
-  a.v_st = s.d_v, a.v_sh = s.Tk * s.d_v, a.v_sb = s.H_kv * s.Tk * s.d_v;
-  a.o_st = s.d_v, a.o_sh = s.Tq * s.d_v, a.o_sb = s.H * s.Tq * s.d_v;
-  return a;
-}
-
 /// The combine of split-K on the host, from the device's partial states: the null category's
 /// state first and the partials merged in key order (online::merge, as the combine kernel);
 /// `null_per_partial` instead adds the null category once per partial, the mistake a split
@@ -540,15 +500,8 @@ TEST(SplitKeysParity, RuleRejectsTheNullCategoryAddedOncePerPartial) {
   const AttentionInputs in = make_inputs(c, 41);
   const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
   DeviceBuffer<float> dq = to_device(in.q), dk = to_device(in.k), dv = to_device(in.v);
-  std::vector<float> nulls(in.opt.null_logits.begin(), in.opt.null_logits.end());
-  std::vector<int> lens(in.opt.key_lengths.begin(), in.opt.key_lengths.end());
-  DeviceBuffer<float> dnull = to_device(nulls);
-  DeviceBuffer<int> dlen = to_device(lens);
-  AttentionLaunch a = contiguous(s, dq.get(), dk.get(), dv.get());
-  a.causal = true;
-  a.null_logits = dnull.get();
-  a.key_lengths = dlen.get();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(s.d_h));
+  AttentionLaunch a = layout_launch(io::DType::f32, dq.get(), dk.get(), dv.get(), s, AttentionLayout::bhtd);
+  const DeviceAttentionOptions options = set_attention_options(a, s, in.opt);  // causal, null logits, lengths
   SplitLaunch sp = split_plan(a, 3);
   const int P = sp.splits;
   const std::size_t slots = static_cast<std::size_t>(s.B * s.H * s.Tq) * static_cast<std::size_t>(P);

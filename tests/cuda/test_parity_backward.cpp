@@ -18,6 +18,7 @@
 #include "oasis/grad/instances.hpp"
 #include "oasis/instances.hpp"
 #include "parity_rule.hpp"
+#include "random_attention_case.hpp"
 
 namespace oasis::test {
 namespace {
@@ -124,33 +125,12 @@ INSTANTIATE_TEST_SUITE_P(Backends, BackwardParity,
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });
 
-// Random shapes over the kernels' tiling edges (as RandomShapeParity of the forward: query and key
+// Random shapes over the kernels' tiling edges (random_attention_case, as the forward: query and key
 // counts off the tiles, head sizes 1..128, d_v != d_h, GQA, causal with Tq > Tk, padding down to 0,
 // both normalisers, null logits, extreme logits, windows, biases with masks and fully masked rows,
 // both layouts), dLSE and dp_null given or not; every fast backend of this process.
 RC_GTEST_PROP(RandomShapeBackwardParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
-  AttentionCase c;
-  c.name = "random";
-  c.B = *rc::gen::inRange<index_t>(1, 3);
-  c.H_kv = *rc::gen::inRange<index_t>(1, 3);
-  c.H = c.H_kv * *rc::gen::inRange<index_t>(1, 4);
-  c.Tq = *rc::gen::inRange<index_t>(1, 49);
-  c.Tk = *rc::gen::inRange<index_t>(1, 101);
-  c.d_h = *rc::gen::inRange<index_t>(1, 129);
-  c.d_v = *rc::gen::arbitrary<bool>() ? c.d_h : *rc::gen::inRange<index_t>(1, 129);
-  c.normalizer = *rc::gen::element(RowNorm::softmax1, RowNorm::softmax);
-  c.causal = *rc::gen::arbitrary<bool>();
-  if (*rc::gen::arbitrary<bool>())
-    for (index_t b = 0; b < c.B; ++b) c.key_lengths.push_back(*rc::gen::inRange<index_t>(0, c.Tk + 1));
-  c.null_logits = c.normalizer == RowNorm::softmax1 && *rc::gen::arbitrary<bool>();
-  c.q_scale = *rc::gen::element(1.0, 8.0, 40.0);
-  c.probs = *rc::gen::arbitrary<bool>();
-  if (*rc::gen::arbitrary<bool>()) c.window = *rc::gen::inRange<index_t>(1, c.Tk + 6);
-  c.bias = *rc::gen::element(BiasKind::none, BiasKind::none, BiasKind::tk, BiasKind::batch, BiasKind::head,
-                             BiasKind::full);
-  c.bias_masked = *rc::gen::element(0.0, 0.3, 0.9);
-  c.bias_masked_rows = *rc::gen::inRange<index_t>(0, 3);
-  c.layout = *rc::gen::element(AttentionLayout::bhtd, AttentionLayout::bthd);
+  const AttentionCase c = random_attention_case();
   const std::uint64_t seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
   const AttentionInputs in = make_inputs(c, seed);
   AttentionCotangents<float> d = make_cotangents(c, in.opt, seed);

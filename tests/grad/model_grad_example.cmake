@@ -3,19 +3,7 @@
 #   producer DIR --mistake theta-buffer;   compare -> exit 1, the two non-zero theta gradients FAIL, 29 PASS
 #   producer DIR --mistake loss-scale;     compare -> exit 1, max rel 0.8333 (= 1 - 1/N, N = 6 tokens)
 # Invoked as cmake -DPRODUCER=.. -DVERIFY=.. -DWORK=.. -P model_grad_example.cmake
-function(run_step expect_rc)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "$ ${ARGN}\n${out}${err}")
-  if(NOT rc EQUAL expect_rc)
-    message(FATAL_ERROR "expected exit status ${expect_rc}, got ${rc}")
-  endif()
-  set(LAST_OUTPUT "${out}" PARENT_SCOPE)
-endfunction()
-function(expect_match regex)
-  if(NOT LAST_OUTPUT MATCHES "${regex}")
-    message(FATAL_ERROR "output does not match '${regex}'")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../support/cli_steps.cmake)
 
 file(REMOVE_RECURSE ${WORK})
 foreach(d good theta scale)

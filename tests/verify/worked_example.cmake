@@ -8,19 +8,7 @@
 #   producer DIR --mistake grad-d; compare attention_backward.json -> exit 1, grad_v PASS,
 #                                 grad_q, grad_k, grad_null_logits FAIL
 # Invoked as cmake -DPRODUCER=.. -DVERIFY=.. -DWORK=.. -P worked_example.cmake
-function(run_step expect_rc)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "$ ${ARGN}\n${out}${err}")
-  if(NOT rc EQUAL expect_rc)
-    message(FATAL_ERROR "expected exit status ${expect_rc}, got ${rc}")
-  endif()
-  set(LAST_OUTPUT "${out}" PARENT_SCOPE)
-endfunction()
-function(expect_match regex)
-  if(NOT LAST_OUTPUT MATCHES "${regex}")
-    message(FATAL_ERROR "output does not match '${regex}'")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../support/cli_steps.cmake)
 
 file(REMOVE_RECURSE ${WORK})
 foreach(d good lse psi grad)

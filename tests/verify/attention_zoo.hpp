@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -366,6 +367,43 @@ inline std::vector<Case> policy_cases() {
           make_case("decode_8192", 1, 4, 4, 1, 8192, 64, true, true, 1.0, 1.0, 6),
           make_case("extreme_logits", 1, 4, 4, 16, 128, 64, true, true, 20.0, 1.0, 7),
           make_case("subnormal_out", 1, 4, 4, 16, 128, 64, true, true, 1.0, 1e-39, 8)};
+}
+
+// ---- the zoo's calls of op attention (tests/verify/test_policy.cpp, policy_table.cpp) ----------
+
+/// The case's inputs q, k, v (float32).
+inline io::TensorMap inputs_of(const Case& c) {
+  io::TensorMap in;
+  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
+  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
+  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
+  return in;
+}
+
+/// The outputs named in `names` (all four when empty), stored in d.
+inline io::TensorMap outputs_of(const Result& r, io::DType d, std::vector<std::string> names = {}) {
+  if (names.empty()) names = {"out", "lse", "p_null", "probs"};
+  io::TensorMap out;
+  for (const auto& n : names) {
+    const Tensor<float>& t = n == "out" ? r.out : n == "lse" ? r.lse : n == "p_null" ? r.p_null : r.probs;
+    out.emplace(n, io::StoredTensor{d, t.cast<double>()});
+  }
+  return out;
+}
+
+/// The op's options of the case as JSON text: causal and the null logits (to 17 digits).
+inline std::string options_json(const Case& c) {
+  std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
+  if (!c.opt.null_logits.empty()) {
+    s += ", \"null_logits\": [";
+    for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
+      char b[40];
+      std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
+      s += b;
+    }
+    s += "]";
+  }
+  return s + "}";
 }
 
 }  // namespace oasis::zoo

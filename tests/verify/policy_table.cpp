@@ -26,37 +26,6 @@ namespace {
 
 const char* const kTensors[] = {"out", "lse", "p_null", "probs"};
 
-io::TensorMap inputs_of(const zoo::Case& c) {
-  io::TensorMap in;
-  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
-  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
-  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
-  return in;
-}
-
-io::TensorMap outputs_of(const zoo::Result& r, io::DType d) {
-  io::TensorMap out;
-  out.emplace("out", io::StoredTensor{d, r.out.cast<double>()});
-  out.emplace("lse", io::StoredTensor{d, r.lse.cast<double>()});
-  out.emplace("p_null", io::StoredTensor{d, r.p_null.cast<double>()});
-  out.emplace("probs", io::StoredTensor{d, r.probs.cast<double>()});
-  return out;
-}
-
-std::string options_json(const zoo::Case& c) {
-  std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
-  if (!c.opt.null_logits.empty()) {
-    s += ", \"null_logits\": [";
-    for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
-      char b[40];
-      std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
-      s += b;
-    }
-    s += "]";
-  }
-  return s + "}";
-}
-
 struct Ratios {
   std::map<std::string, double> p, w, p16, fa;  // per tensor; fa: the k the FlashAttention rule needs
 };
@@ -138,8 +107,8 @@ int main(int argc, char** argv) {
       for (index_t i = 0; i < rf.size(); ++i)
         if (std::isfinite(rf[i])) plain_err[tn] = std::max(plain_err[tn], std::abs(pick(plain, tn)[i] - rf[i]));
     }
-    const io::TensorMap in = inputs_of(c);
-    const io::json::Value opts = io::json::parse(options_json(c));
+    const io::TensorMap in = zoo::inputs_of(c);
+    const io::json::Value opts = io::json::parse(zoo::options_json(c));
     for (io::DType d : c.dtypes) {
       std::vector<zoo::Impl> impls = zoo::correct_zoo(c.small_logits);
       if (d != io::DType::f32)
@@ -155,7 +124,7 @@ int main(int argc, char** argv) {
         zoo::Result r = zoo::attention(im, c.q, c.k, c.v, o);
         if (d != io::DType::f32) r = zoo::storage(r, d);
         if (im.name == "one_element_64_ulps") zoo::one_element_off(r.out, d, 64);
-        const io::TensorMap outm = outputs_of(r, d);
+        const io::TensorMap outm = zoo::outputs_of(r, d);
         Ratios rt;
         for (verify::Policy pol : {verify::Policy::probabilistic, verify::Policy::p16, verify::Policy::worst_case}) {
           if (pol == verify::Policy::p16 && d == io::DType::f32) continue;

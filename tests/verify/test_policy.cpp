@@ -21,38 +21,7 @@ using oasis::Tensor;
 
 namespace {
 
-io::TensorMap inputs_of(const zoo::Case& c) {
-  io::TensorMap in;
-  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
-  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
-  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
-  return in;
-}
-
-/// The outputs named in `names` (all four when empty), stored in d.
-io::TensorMap outputs_of(const zoo::Result& r, io::DType d, std::vector<std::string> names = {}) {
-  if (names.empty()) names = {"out", "lse", "p_null", "probs"};
-  io::TensorMap out;
-  for (const auto& n : names) {
-    const Tensor<float>& t = n == "out" ? r.out : n == "lse" ? r.lse : n == "p_null" ? r.p_null : r.probs;
-    out.emplace(n, io::StoredTensor{d, t.cast<double>()});
-  }
-  return out;
-}
-
-io::json::Value options_of(const zoo::Case& c) {
-  std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
-  if (!c.opt.null_logits.empty()) {
-    s += ", \"null_logits\": [";
-    for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
-      char b[40];
-      std::snprintf(b, sizeof b, "%s%.17g", i ? ", " : "", c.opt.null_logits[i]);
-      s += b;
-    }
-    s += "]";
-  }
-  return io::json::parse(s + "}");
-}
+io::json::Value options_of(const zoo::Case& c) { return io::json::parse(zoo::options_json(c)); }
 
 zoo::Result run_impl(const zoo::Impl& im, const zoo::Case& c, io::DType d) {
   oasis::AttentionOptions o = c.opt;
@@ -66,7 +35,7 @@ verify::CompareReport check(const zoo::Case& c, const io::TensorMap& out, verify
   verify::CompareOptions co;
   co.policy = p;
   co.oracle = oracle;
-  return verify::check("attention", inputs_of(c), out, options_of(c), co);
+  return verify::check("attention", zoo::inputs_of(c), out, options_of(c), co);
 }
 
 zoo::Case find_case(const std::string& name) {
@@ -90,7 +59,7 @@ TEST(ComparePolicy, NoFalseAlarmOverTheCorrectZoo) {
   for (const zoo::Case& c : zoo::policy_cases())
     for (io::DType d : c.dtypes) {
       for (const zoo::Impl& im : zoo::correct_zoo(c.small_logits)) {
-        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d));
+        const verify::CompareReport r = check(c, zoo::outputs_of(run_impl(im, c, d), d));
         EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
         for (const auto& t : r.tensors) EXPECT_FALSE(t.certain_failure) << c.name << " " << im.name << " " << t.name;
       }
@@ -98,7 +67,7 @@ TEST(ComparePolicy, NoFalseAlarmOverTheCorrectZoo) {
       for (zoo::Impl im : {zoo::Impl{"p16_plain", zoo::Algo::plain}, zoo::Impl{"p16_online_b64", zoo::Algo::online, 64}}) {
         im.p16 = true;
         im.p16_type = d;
-        const verify::CompareReport r = check(c, outputs_of(run_impl(im, c, d), d), verify::Policy::p16);
+        const verify::CompareReport r = check(c, zoo::outputs_of(run_impl(im, c, d), d), verify::Policy::p16);
         EXPECT_TRUE(r.passed) << c.name << " " << io::to_string(d) << " " << im.name << "\n" << verify::format_report(r);
       }
     }
@@ -110,9 +79,9 @@ TEST(ComparePolicy, MutantsFailAt4096Keys) {
   const zoo::Case c = find_case("decode_4096_sinks");
   for (zoo::Bug b : {zoo::Bug::null_twice, zoo::Bug::causal_no_diagonal}) {
     const zoo::Result r = run_impl(mutant(b), c, io::DType::f32);
-    const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+    const verify::CompareReport rep = check(c, zoo::outputs_of(r, io::DType::f32, {"out"}));
     EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
-    EXPECT_FALSE(check(c, outputs_of(r, io::DType::f32)).passed) << mutant(b).name;
+    EXPECT_FALSE(check(c, zoo::outputs_of(r, io::DType::f32)).passed) << mutant(b).name;
   }
 }
 
@@ -121,7 +90,7 @@ TEST(ComparePolicy, MutantsFailAt4096Keys) {
 TEST(ComparePolicy, MutantsFailOnOutAloneAt512Keys) {
   const zoo::Case c = find_case("decode_512_sinks");
   for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::null_twice, zoo::Bug::sink_times_scale}) {
-    const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(b), c, io::DType::f32), io::DType::f32, {"out"}));
+    const verify::CompareReport rep = check(c, zoo::outputs_of(run_impl(mutant(b), c, io::DType::f32), io::DType::f32, {"out"}));
     EXPECT_FALSE(rep.passed) << mutant(b).name << "\n" << verify::format_report(rep);
   }
 }
@@ -133,7 +102,7 @@ TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
   for (const char* name : {"bf16_4_keys", "bf16_16_keys", "prefill_64_sinks"}) {
     const zoo::Case c = find_case(name);
     for (zoo::Bug b : {zoo::Bug::null_dropped, zoo::Bug::sink_times_scale, zoo::Bug::null_twice}) {
-      const io::TensorMap out = outputs_of(run_impl(mutant(b), c, io::DType::bf16), io::DType::bf16, {"out"});
+      const io::TensorMap out = zoo::outputs_of(run_impl(mutant(b), c, io::DType::bf16), io::DType::bf16, {"out"});
       const verify::CompareReport rep = check(c, out);
       EXPECT_FALSE(rep.passed) << name << " " << mutant(b).name << "\n" << verify::format_report(rep);
     }
@@ -141,7 +110,7 @@ TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
   // the teeth the default adds: the doubled null passed the worst-case policy at 16 keys; the
   // default's report says that only a kernel keeping its intermediates in 16 bits may use it
   const zoo::Case c = find_case("bf16_16_keys");
-  const io::TensorMap out = outputs_of(run_impl(mutant(zoo::Bug::null_twice), c, io::DType::bf16), io::DType::bf16, {"out"});
+  const io::TensorMap out = zoo::outputs_of(run_impl(mutant(zoo::Bug::null_twice), c, io::DType::bf16), io::DType::bf16, {"out"});
   EXPECT_TRUE(check(c, out, verify::Policy::worst_case).passed);
   const auto hint = [](const verify::CompareReport& r) {
     return std::count_if(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("16-bit out:", 0) == 0; });
@@ -151,12 +120,12 @@ TEST(ComparePolicy, Bf16StoredMutantsFailOnOut) {
   EXPECT_EQ(hint(rep), 1) << verify::format_report(rep);
   EXPECT_EQ(hint(check(c, out, verify::Policy::worst_case)), 0);
   // no hint on a pass, nor on a failure outside the certain line
-  EXPECT_EQ(hint(check(c, outputs_of(run_impl({"plain"}, c, io::DType::bf16), io::DType::bf16, {"out"}))), 0);
+  EXPECT_EQ(hint(check(c, zoo::outputs_of(run_impl({"plain"}, c, io::DType::bf16), io::DType::bf16, {"out"}))), 0);
   // a FlashAttention-style kernel (P rounded to bf16) fails the default with the hint naming p16,
   // and passes p16
   zoo::Impl fa{"p16_plain", zoo::Algo::plain};
   fa.p16 = true;
-  const io::TensorMap fa_out = outputs_of(run_impl(fa, c, io::DType::bf16), io::DType::bf16, {"out"});
+  const io::TensorMap fa_out = zoo::outputs_of(run_impl(fa, c, io::DType::bf16), io::DType::bf16, {"out"});
   const verify::CompareReport fa_rep = check(c, fa_out);
   EXPECT_FALSE(fa_rep.passed);
   EXPECT_EQ(hint(fa_rep), 1) << verify::format_report(fa_rep);
@@ -170,7 +139,7 @@ TEST(ComparePolicy, OneElementOff64UlpsFails) {
   const zoo::Case c = find_case("prefill_64_sinks");
   zoo::Result r = run_impl({"plain"}, c, io::DType::f32);
   const index_t at = zoo::one_element_off(r.out, io::DType::f32, 64);
-  const verify::CompareReport rep = check(c, outputs_of(r, io::DType::f32, {"out"}));
+  const verify::CompareReport rep = check(c, zoo::outputs_of(r, io::DType::f32, {"out"}));
   ASSERT_EQ(rep.tensors.size(), 1u);
   const verify::TensorReport& t = rep.tensors[0];
   EXPECT_FALSE(t.passed) << verify::format_report(rep);
@@ -181,7 +150,7 @@ TEST(ComparePolicy, OneElementOff64UlpsFails) {
   const std::string where = "out[0, " + std::to_string(at / (64 * d)) + ", " + std::to_string((at / d) % 64) + ", " +
                             std::to_string(at % d) + "]";
   EXPECT_EQ(t.first_mismatches[0].rfind(where, 0), 0u) << t.first_mismatches[0];
-  EXPECT_TRUE(check(c, outputs_of(r, io::DType::f32, {"out"}), verify::Policy::worst_case).passed);
+  EXPECT_TRUE(check(c, zoo::outputs_of(r, io::DType::f32, {"out"}), verify::Policy::worst_case).passed);
 }
 
 // The engine's bounds are the definitions: on a case with GQA, padding, sinks, a window, a bias
@@ -245,7 +214,7 @@ TEST(ComparePolicy, BoundsAreTheDefinitions) {
 // A gross mistake is outside even the certain bound: FAIL-certain, in the report and the JSON.
 TEST(ComparePolicy, GrossMistakeIsFailCertain) {
   const zoo::Case c = find_case("prefill_64_sinks");
-  const verify::CompareReport rep = check(c, outputs_of(run_impl(mutant(zoo::Bug::null_dropped), c, io::DType::f32),
+  const verify::CompareReport rep = check(c, zoo::outputs_of(run_impl(mutant(zoo::Bug::null_dropped), c, io::DType::f32),
                                                         io::DType::f32, {"out", "lse"}));
   EXPECT_FALSE(rep.passed);
   for (const auto& t : rep.tensors) EXPECT_TRUE(t.certain_failure) << t.name;
@@ -271,7 +240,7 @@ TEST(ComparePolicy, FastOracleAgreesWithMp50) {
         const auto r = oasis::token_attention(c.q.cast<double>(), c.k.cast<double>(), c.v.cast<double>(), o);
         out = {{"out", {d, r.out}}, {"lse", {d, r.lse}}, {"p_null", {d, r.p_null}}, {"probs", {d, r.probs}}};
       } else {
-        out = outputs_of(run_impl(im, c, d), d);
+        out = zoo::outputs_of(run_impl(im, c, d), d);
       }
       std::string opts = "{\"causal\": true, \"key_lengths\": [13, 6], \"null_logits\": [";
       for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {
@@ -282,8 +251,8 @@ TEST(ComparePolicy, FastOracleAgreesWithMp50) {
       const io::json::Value ov = io::json::parse(opts + "]}");
       verify::CompareOptions fast, slow;
       slow.oracle = verify::Oracle::mp50;
-      const verify::CompareReport rf = verify::check("attention", inputs_of(c), out, ov, fast);
-      const verify::CompareReport rs = verify::check("attention", inputs_of(c), out, ov, slow);
+      const verify::CompareReport rf = verify::check("attention", zoo::inputs_of(c), out, ov, fast);
+      const verify::CompareReport rs = verify::check("attention", zoo::inputs_of(c), out, ov, slow);
       ASSERT_EQ(rf.tensors.size(), rs.tensors.size());
       EXPECT_EQ(rf.passed, rs.passed) << im.name;
       if (d == io::DType::f64) {

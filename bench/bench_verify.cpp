@@ -8,7 +8,12 @@
 //   BM_Verify_attention_causal/...   [1, 32, 4096, 128] causal Softmax1, float32
 //   BM_Verify_attention_gptoss/...   [1, 64, 4096, 64] causal, 8 kv heads, sinks in [-3, 3]
 //   BM_Verify_depth/...              8192 tokens over 33 sources, d = 2048, coupled Softmax1
-// Targets (docs/benchmarks.md): <= 30 s, <= 30 s and <= 10 s on the 2-core benchmark machine.
+//   BM_Verify_model_full/...         op model on the full float32 trace of Model<float>::run (random
+//                                    Kimi Full AttnRes model): d = 256, 4 blocks, T = 128, vocab 256;
+//                                    d = 768, 12 blocks, 12 heads, T = 512, vocab 32000 (GPT-2 small)
+//   BM_Verify_model_logits/...       the same models, logits only (the end-to-end verdict)
+// Targets (docs/benchmarks.md): <= 30 s, <= 30 s and <= 10 s on the 2-core benchmark machine; the
+// full model traces <= 5 s (d = 256) and <= 300 s (GPT-2 small).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -18,6 +23,8 @@
 
 #include "bench_support.hpp"
 #include "oasis/backend.hpp"
+#include "oasis/model/io.hpp"
+#include "oasis/model/model.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis_random.hpp"
@@ -141,8 +148,103 @@ static void BM_Verify_depth_8192_tokens_33_sources_d2048(benchmark::State& state
   static std::unique_ptr<Problem> p = depth_problem(33, 8192, 2048);
   verify_bench(state, *p);
 }
+namespace {
+
+/// A random float model, its ids and its float32 trace (Model<float>::run with the trace on).
+struct ModelProblem {
+  model::ModelConfig cfg;
+  io::TensorMap weights, in, trace, logits;
+};
+
+model::ModelConfig model_config(index_t vocab, index_t d, index_t blocks, index_t heads) {
+  model::ModelConfig c;
+  c.vocab_size = vocab;
+  c.d_model = d;
+  c.n_blocks = blocks;
+  c.n_heads = heads;
+  c.d_ff = 4 * d;
+  return c;
+}
+
+std::unique_ptr<ModelProblem> model_problem(const model::ModelConfig& cfg, index_t T) {
+  auto p = std::make_unique<ModelProblem>();
+  p->cfg = cfg;
+  const model::Model<float> m = model::Model<float>::initialized(cfg, 2027);
+  for (const auto& [name, t] : m.parameters()) p->weights.emplace(name, stored(t));
+  std::vector<index_t> ids;
+  Tensor<double> idt({1, T});
+  for (index_t i = 0; i < T; ++i) {
+    ids.push_back((7919 * i + 13) % cfg.vocab_size);
+    idt[i] = static_cast<double>(ids.back());
+  }
+  p->in.emplace("ids", io::StoredTensor{io::DType::i32, idt});
+  model::ForwardOptions fo;
+  fo.trace = true;
+  p->trace = model::trace_tensors(m.forward(ids, 1, T, fo), io::DType::f32);
+  p->logits.emplace("logits", p->trace.at("logits"));
+  return p;
+}
+
+/// blocks x T x d^2: how the check's cost grows (the mp50 estimate scales a measured small check by it).
+double model_work(const model::ModelConfig& c, index_t T) {
+  return static_cast<double>(c.n_blocks) * static_cast<double>(T) * static_cast<double>(c.d_model * c.d_model);
+}
+
+/// Times one check of the trace (full or logits only) and estimates the mp50 oracle's time by
+/// timing it on the small model (d = 64, 2 blocks, T = 32) and scaling by blocks x T x d^2.
+void model_bench(benchmark::State& state, ModelProblem& p, index_t T, bool full) {
+  verify::CompareOptions co;
+  co.show = 3;
+  const io::TensorMap& out = full ? p.trace : p.logits;
+  verify::CompareReport rep;
+  double seconds = 0, cpu_seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
+    rep = verify::check_model(p.cfg, p.weights, p.in, out, co);
+    cpu_seconds = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!rep.passed) abort_run("model check did not pass:\n" + verify::format_report(rep));
+  static std::unique_ptr<ModelProblem> small = model_problem(model_config(64, 64, 2, 4), 32);
+  co.oracle = verify::Oracle::mp50;
+  const auto t0 = std::chrono::steady_clock::now();
+  const verify::CompareReport mp = verify::check_model(small->cfg, small->weights, small->in, full ? small->trace : small->logits, co);
+  const double small_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!mp.passed) abort_run("mp50 model check did not pass:\n" + verify::format_report(mp));
+  const double mp50_s = small_s * model_work(p.cfg, T) / model_work(small->cfg, 32);
+  state.counters["check_s"] = seconds;
+  state.counters["cpu_s"] = cpu_seconds;
+  state.counters["mp50_s_estimate"] = mp50_s;
+  state.counters["speedup_vs_mp50"] = seconds > 0 ? mp50_s / seconds : 0.0;
+  state.SetLabel(rep.oracle);
+}
+
+}  // namespace
+
+static void BM_Verify_model_full_d256_4blocks_T128(benchmark::State& state) {
+  static std::unique_ptr<ModelProblem> p = model_problem(model_config(256, 256, 4, 4), 128);
+  model_bench(state, *p, 128, true);
+}
+static void BM_Verify_model_logits_d256_4blocks_T128(benchmark::State& state) {
+  static std::unique_ptr<ModelProblem> p = model_problem(model_config(256, 256, 4, 4), 128);
+  model_bench(state, *p, 128, false);
+}
+static void BM_Verify_model_full_gpt2small_d768_12blocks_T512(benchmark::State& state) {
+  static std::unique_ptr<ModelProblem> p = model_problem(model_config(32000, 768, 12, 12), 512);
+  model_bench(state, *p, 512, true);
+}
+static void BM_Verify_model_logits_gpt2small_d768_12blocks_T512(benchmark::State& state) {
+  static std::unique_ptr<ModelProblem> p = model_problem(model_config(32000, 768, 12, 12), 512);
+  model_bench(state, *p, 512, false);
+}
+
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_depth_8192_tokens_33_sources_d2048)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_Verify_model_full_d256_4blocks_T128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_Verify_model_logits_d256_4blocks_T128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_Verify_model_full_gpt2small_d768_12blocks_T512)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_Verify_model_logits_gpt2small_d768_12blocks_T512)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 
 }  // namespace oasis_bench

@@ -44,23 +44,29 @@ struct Unusable {
 };
 
 /// A producer's value and the bound of the plain step (same shape as the trace tensor).
-struct Expected {
-  Tensor<mp50> ref;
+template <class R>
+struct ExpectedOf {
+  Tensor<R> ref;
   Tensor<double> e;
   std::string step;  ///< what produced it, for the report ("router layers.1.attn_res on ...")
 };
 
 /// An oracle value [N, w] and the bound on the error an implementation may make computing it.
-struct Resolved {
-  Tensor<mp50> x;
+template <class R>
+struct ResolvedOf {
+  Tensor<R> x;
   Tensor<double> e;
 };
 
-class ModelChecker {
+/// The producers of a trace, evaluated in the reference scalar R: mp50 (the 50-digit oracle) or
+/// double (the fast oracle, op_model.cpp: each value within the same rules' bound at u = 2^-53 of
+/// the exact one). Instantiated for both (model_checker_mp50.cpp, model_checker_double.cpp).
+template <class R>
+class ModelCheckerOf {
  public:
-  ModelChecker(const oasis::model::Model<mp50>& m, const TensorMap& trace, const std::vector<index_t>& ids, index_t B,
-               index_t Tn);
-  ~ModelChecker();
+  ModelCheckerOf(const oasis::model::Model<R>& m, const TensorMap& trace, const std::vector<index_t>& ids, index_t B,
+                 index_t Tn);
+  ~ModelCheckerOf();
 
   /// Every trace name of this configuration with its shape, in forward order (then ids).
   const std::vector<std::pair<std::string, Shape>>& names() const { return names_; }
@@ -69,11 +75,11 @@ class ModelChecker {
   /// The producer of trace tensor `name` on the tensors it reads (excluding `name` itself).
   /// `got` is the implementation's tensor (entries no step reads are taken from it). Throws
   /// Missing, Unusable, or oasis::invalid_argument for tensors without a derived per-step bound.
-  Expected expected(const std::string& name, const StoredTensor& got, bool wide);
+  ExpectedOf<R> expected(const std::string& name, const StoredTensor& got, bool wide);
 
   /// The readout state recomputed from the trace without any tensor that holds it (the readout
   /// step alone; for the floor of the end-to-end verdict).
-  Resolved readout_step(bool wide);
+  ResolvedOf<R> readout_step(bool wide);
 
   /// True when the router traced under `name`'s prefix is coupled (psi used); false otherwise.
   bool psi_used(const std::string& name) const;
@@ -84,5 +90,12 @@ class ModelChecker {
   std::map<std::string, Shape> shapes_;
   std::unique_ptr<Impl> p_;
 };
+
+extern template class ModelCheckerOf<mp50>;
+extern template class ModelCheckerOf<double>;
+
+using ModelChecker = ModelCheckerOf<mp50>;
+using Expected = ExpectedOf<mp50>;
+using Resolved = ResolvedOf<mp50>;
 
 }  // namespace oasis::verify::detail

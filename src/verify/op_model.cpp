@@ -16,9 +16,20 @@
 //                                                    on the replay's own inputs).
 // Forward order of the report: per sublayer its router (Kimi: before it; authors: after it),
 // input and steps, then the final router, state, logits; the first failing tensor is named in a note.
+//
+// The oracle (CompareOptions::oracle, docs/verify.md "The model level's fast oracle"): fast runs
+// every producer in double (ModelCheckerOf<double>, the matrix products as blocked GEMMs), each
+// value within kOwnError x its rules' bound at u = 2^-53 of the exact producer, and decides each
+// element with that error folded in (TensorCheck); a tensor with an undecided element is
+// recomputed in mp50 (ModelCheckerOf<mp50>, built only then). The end-to-end verdict takes the
+// exact replay as the double replay with its derived forward bound at u = 2^-53 (ForwardOptions::
+// error_u) and falls back to the mp50 replay when a row is left open. Configurations with a norm
+// evaluated in float32 (the reference itself rounds to float there, so a double reference off by
+// ~2^-53 may round differently) use mp50 throughout.
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "engine.hpp"
@@ -38,6 +49,27 @@ Tensor<double> scaled(Tensor<double> b, DType d) {
   for (index_t i = 0; i < b.size(); ++i) b[i] *= s;
   return b;
 }
+
+/// Safety factor on the double reference's own first-order bound (its coefficients are taken
+/// from the double values, not the exact ones; second-order terms at u = 2^-53).
+constexpr double kOwnError = 1.01;
+/// Relative uncertainty of the tolerance terms e(D) evaluated on the double reference (sums of
+/// magnitudes and row norms of values within ~1e-13 relative of the exact ones).
+constexpr double kBoundRho = 1e-6;
+constexpr double kU53 = 0x1p-53;
+
+/// The oracle's models: the double model always, the mp50 model only when a check needs it.
+struct Models {
+  om::Model<double> d;
+  std::unique_ptr<om::Model<mp50>> hp;
+  const om::Model<mp50>& mp() {
+    if (!hp) hp = std::make_unique<om::Model<mp50>>(d.cast<mp50>());  // exact: the weights are doubles
+    return *hp;
+  }
+};
+
+/// Whether the fast oracle applies to this configuration (else mp50 throughout; see the top).
+bool fast_applies(const om::ModelConfig& c) { return !c.norm_float32 && !c.key_norm.compute_in_float32; }
 
 double store_bf16(double x) { return io::round_to_dtype(x, DType::bf16); }
 double store_f16(double x) { return io::round_to_dtype(x, DType::f16); }
@@ -79,7 +111,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 /// "unknown trace tensor 'x' ... knows: ..." with the names grouped by prefix, and the prefixes
 /// layers.{b}.attn / layers.{b}.mlp with equal fields grouped over b.
-std::string unknown_name_message(const std::string& name, const ModelChecker& ck) {
+template <class Checker>
+std::string unknown_name_message(const std::string& name, const Checker& ck) {
   std::string best;
   std::size_t best_d = 4;
   std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // prefix -> fields, in order
@@ -112,43 +145,113 @@ std::string unknown_name_message(const std::string& name, const ModelChecker& ck
          "; the model level knows: " + known;
 }
 
-/// The end-to-end verdict of `name` (logits or state): row parity against the replays.
-TensorReport end_to_end(const std::string& name, const StoredTensor& got, const om::Model<mp50>& m,
-                        const std::vector<index_t>& ids, index_t B, index_t Tn, const CompareOptions& opt) {
+/// A row mismatch line of the end-to-end verdict.
+void note_row_mismatch(TensorReport& t, const std::string& name, index_t i, double x, double h, double err, double allowed,
+                       double e_ref) {
+  Shape ix(t.shape.size());
+  index_t f = i;
+  for (std::size_t k = ix.size(); k-- > 0;) { ix[k] = f % t.shape[k]; f /= t.shape[k]; }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, ": got %.9g oracle %.9g |err| %.9g allowed %.9g (2 x replay row error %.3g + floor %.3g)", x,
+                h, err, allowed, e_ref, allowed - 2.0 * e_ref);
+  t.first_mismatches.push_back(name + shape_str(ix) + buf);
+}
+
+/// The end-to-end verdict of `name` (logits or state): row parity against the replays. fast: the
+/// exact replay is the double replay within its forward bound (kOwnError x the first-order bound
+/// at u = 2^-53 on each row's max error); a row that bound leaves open sets `recomputed` and the
+/// verdict is taken again against the mp50 replay.
+TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models& ms, const std::vector<index_t>& ids,
+                        index_t B, index_t Tn, const CompareOptions& opt, bool fast, bool& recomputed) {
   const DType D = got.dtype;
   const bool wide = D == DType::f64;
+  const om::ModelConfig& cfg = ms.d.config();
+  const Shape want{B, Tn, name == "logits" ? cfg.vocab_size : cfg.d_model};
+  if (got.values.shape() != want)
+    return tensor_failure(
+        name, got, "shape " + shape_str(got.values.shape()) + " but the model's " + name + " has shape " + shape_str(want), true);
   om::ForwardOptions fo;
   fo.trace = true;
   fo.store = D == DType::bf16 ? store_bf16 : D == DType::f16 ? store_f16 : nullptr;
-  // The plain reference in the implementation's precision, its trace (for the floor), and mp50.
+  // The plain reference in the implementation's precision and its trace (for the floor).
   Tensor<double> x_ref;
   TensorMap replay;
   if (wide) {
-    const om::ForwardResult<double> r = m.cast<double>().forward(ids, B, Tn, fo);
+    const om::ForwardResult<double> r = ms.d.forward(ids, B, Tn, fo);
     x_ref = name == "logits" ? r.logits : r.state;
     replay = om::trace_tensors(r, D);
   } else {
-    const om::ForwardResult<float> r = m.cast<float>().forward(ids, B, Tn, fo);
+    const om::ForwardResult<float> r = ms.d.cast<float>().forward(ids, B, Tn, fo);
     x_ref = (name == "logits" ? r.logits : r.state).cast<double>();
     replay = om::trace_tensors(r, D);
   }
+  TensorReport t;
+  t.name = name;
+  t.dtype = D;
+  t.shape = got.values.shape();
+  t.elements = got.values.size();
+  const index_t w = want.back(), rows = got.values.size() / w;
+
+  if (fast && !cfg.gated_attention && !cfg.prefix_sink) {
+    om::ForwardOptions fh;
+    fh.error_u = kU53;
+    const om::ForwardResult<double> hd = ms.d.forward(ids, B, Tn, fh);
+    const Tensor<double>& xd = name == "logits" ? hd.logits : hd.state;
+    const std::vector<double>& ed = name == "logits" ? hd.logit_error : hd.state_error;
+    ModelCheckerOf<double> rc(ms.d, replay, ids, B, Tn);
+    const Tensor<double> e_last = scaled(name == "logits" ? rc.expected("logits", replay.at("logits"), wide).e
+                                                          : rc.readout_step(wide).e.reshaped(want),
+                                         D);
+    bool open = false;
+    for (index_t r = 0; r < rows && !open; ++r) {
+      const double E = kOwnError * ed[static_cast<std::size_t>(r)];  // |xd - x_hp| <= E on this row
+      double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
+      for (index_t c = 0; c < w; ++c) {
+        const index_t i = r * w + c;
+        e_ref = std::max(e_ref, std::abs(x_ref[i] - xd[i]));
+        hmax = std::max(hmax, std::abs(xd[i]));
+        elast = std::max(elast, e_last[i]);
+      }
+      // allowed = 2 max|x_ref - x_hp| + 0.5 ulp_D(max|x_hp|) + 2 e_last, between lo and hi
+      const double lo = 2.0 * std::max(e_ref - E, 0.0) + 0.5 * io::dtype_ulp(D, std::max(hmax - E, 0.0)) +
+                        2.0 * elast * (1 - kBoundRho);
+      const double hi = 2.0 * (e_ref + E) + 0.5 * io::dtype_ulp(D, hmax + E) + 2.0 * elast * (1 + kBoundRho);
+      const double allowed = 2.0 * e_ref + 0.5 * io::dtype_ulp(D, hmax) + 2.0 * elast;
+      for (index_t c = 0; c < w; ++c) {
+        const index_t i = r * w + c;
+        const double x = got.values[i], h = xd[i];
+        const double err = std::isfinite(x) ? std::abs(x - h) : INFINITY;
+        if (!(err + E <= lo) && !(err - E > hi)) { open = true; break; }
+        e_x = std::max(e_x, err);
+        t.max_abs = std::max(t.max_abs, err);
+        if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
+        t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
+        if (err - E > hi) {
+          if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
+          ++t.violations;
+        }
+      }
+      t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
+    }
+    if (!open) {
+      t.passed = t.violations == 0;
+      return t;
+    }
+    recomputed = true;
+    t = TensorReport{};
+    t.name = name;
+    t.dtype = D;
+    t.shape = got.values.shape();
+    t.elements = got.values.size();
+  }
+
+  const om::Model<mp50>& m = ms.mp();
   const om::ForwardResult<mp50> hp = m.forward(ids, B, Tn);
   const Tensor<mp50>& x_hp = name == "logits" ? hp.logits : hp.state;
   ModelChecker rc(m, replay, ids, B, Tn);
   const Tensor<double> e_last = scaled(name == "logits" ? rc.expected("logits", replay.at("logits"), wide).e
                                                         : rc.readout_step(wide).e.reshaped(x_hp.shape()),
                                        D);
-
-  if (got.values.shape() != x_hp.shape())
-    return tensor_failure(
-        name, got, "shape " + shape_str(got.values.shape()) + " but the model's " + name + " has shape " + shape_str(x_hp.shape()),
-        true);
-  TensorReport t;
-  t.name = name;
-  t.dtype = D;
-  t.shape = got.values.shape();
-  t.elements = got.values.size();
-  const index_t w = x_hp.shape().back(), rows = x_hp.size() / w;
   for (index_t r = 0; r < rows; ++r) {
     double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
     for (index_t c = 0; c < w; ++c) {
@@ -168,15 +271,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, const 
       if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
       t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
       if (!(err <= allowed)) {
-        if (t.violations < opt.show) {
-          Shape ix(t.shape.size());
-          index_t f = i;
-          for (std::size_t k = ix.size(); k-- > 0;) { ix[k] = f % t.shape[k]; f /= t.shape[k]; }
-          char buf[256];
-          std::snprintf(buf, sizeof buf, ": got %.9g oracle %.9g |err| %.9g allowed %.9g (2 x replay row error %.3g + floor %.3g)",
-                        x, h, err, allowed, e_ref, allowed - 2.0 * e_ref);
-          t.first_mismatches.push_back(name + shape_str(ix) + buf);
-        }
+        if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
         ++t.violations;
       }
     }
@@ -186,11 +281,33 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, const 
   return t;
 }
 
-CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const TensorMap& outputs,
-                        const CompareOptions& opt) {
+/// The tensor `name` judged against a double producer with its own error folded in: false when an
+/// element is left undecided (nothing pushed; the caller recomputes the tensor in mp50).
+bool judge_fast(const std::string& name, const StoredTensor& got, const ExpectedOf<double>& x, bool wide,
+                const CompareOptions& opt, std::vector<TensorReport>& out) {
+  const Tensor<double> tol = scaled(x.e, got.dtype);
+  // the double producer's own error: its rules' bound at u = 2^-53 (x.e is at the checked
+  // precision's u; every rule is u times a factor nondecreasing in u, plus floors that shrink with u)
+  const double own = kOwnError * (wide ? 1.0 : kU53 / io::dtype_eps(DType::f32) * 2.0);
+  TensorCheck chk(name, got, opt.show);
+  for (index_t i = 0; i < x.ref.size(); ++i)
+    if (!std::isfinite(x.ref[i]) || !chk.add(i, RefValue{x.ref[i], 0.0, own * x.e[i]}, Allowed{2.0 * tol[i], 2.0 * tol[i], false, kBoundRho}))
+      return false;
+  out.push_back(chk.finish("worst-case"));
+  return true;
+}
+
+CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& outputs, const CompareOptions& opt) {
   index_t B = 0, Tn = 0;
-  const std::vector<index_t> ids = read_ids(inputs, m.config().vocab_size, B, Tn);
-  ModelChecker ck(m, outputs, ids, B, Tn);
+  const om::ModelConfig& cfg = ms.d.config();
+  const std::vector<index_t> ids = read_ids(inputs, cfg.vocab_size, B, Tn);
+  const bool fast = opt.oracle == Oracle::fast && fast_applies(cfg);
+  ModelCheckerOf<double> ck(ms.d, outputs, ids, B, Tn);
+  std::unique_ptr<ModelChecker> ckm;  // the mp50 producers, built when a tensor needs them
+  auto hp = [&]() -> ModelChecker& {
+    if (!ckm) ckm = std::make_unique<ModelChecker>(ms.mp(), outputs, ids, B, Tn);
+    return *ckm;
+  };
 
   // Every name is known (a misspelt name must not silently check nothing); only ids are integers.
   for (const TensorMap* set : {&outputs, &inputs})
@@ -208,6 +325,7 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
   CompareReport rep;
   rep.op = "model";
   std::map<std::string, std::string> steps;  // checked tensor -> its producer
+  index_t checked = 0, recomputed = 0;
   for (const auto& [name, shape] : ck.names()) {
     const auto it = outputs.find(name);
     if (it == outputs.end()) continue;
@@ -225,15 +343,28 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
       steps[name] = "the configured model's tensor shapes";
       continue;
     }
+    ++checked;
+    const bool wide = got.dtype == DType::f64;
     try {
-      const Expected x = ck.expected(name, got, got.dtype == DType::f64);
-      rep.tensors.push_back(compare_tensor(name, got, x.ref, scaled(x.e, got.dtype), opt.show));
-      steps[name] = x.step;
+      bool decided = false;
+      if (fast) {
+        const ExpectedOf<double> x = ck.expected(name, got, wide);
+        decided = judge_fast(name, got, x, wide, opt, rep.tensors);
+        steps[name] = x.step;
+      }
+      if (!decided) {
+        if (fast) ++recomputed;
+        const Expected x = hp().expected(name, got, wide);
+        rep.tensors.push_back(compare_tensor(name, got, x.ref, scaled(x.e, got.dtype), opt.show));
+        steps[name] = x.step;
+      }
     } catch (const Missing& miss) {
       OASIS_REQUIRE(name == "logits" || name == "state", miss.name, "the trace lacks it, and ", name,
                     " is checked against what the configured model computes from the tensors it reads, which needs ",
                     miss.name, " ", shape_str(miss.shape), " (provide it, or leave out ", name, ")");
-      rep.tensors.push_back(end_to_end(name, got, m, ids, B, Tn, opt));
+      bool again = false;
+      rep.tensors.push_back(end_to_end(name, got, ms, ids, B, Tn, opt, fast, again));
+      if (again) ++recomputed;
       steps[name] = "the end-to-end replay of the configured model";
       rep.notes.push_back(name + ": end-to-end verdict (the trace lacks " + miss.name +
                           ", needed to check it from the tensors that produce it): per token row, max |x - oracle| <= 2 x the "
@@ -245,8 +376,13 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
       steps[name] = "(its input failed)";
     }
   }
+  rep.oracle = fast ? "fast (double, its own error bound folded in; " + std::to_string(recomputed) + " of " +
+                          std::to_string(checked) + " tensors recomputed in mp50)"
+                    : opt.oracle == Oracle::fast ? "mp50 (a norm evaluated in float32: no fast oracle)" : "mp50";
   std::set<std::string> gradients;
-  check_model_gradients(m, ids, B, Tn, inputs, outputs, opt, rep, gradients);
+  const bool any_gradient = std::any_of(outputs.begin(), outputs.end(), [](const auto& kv) { return is_model_gradient_name(kv.first); });
+  if (any_gradient || inputs.count("grad_logits"))  // the gradients are checked in mp50 (op_model_grad.cpp)
+    check_model_gradients(ms.mp(), ids, B, Tn, inputs, outputs, opt, rep, gradients);
   for (const auto& g : gradients) steps[g] = "the oracle's backward from the implementation's grad_logits";
   OASIS_REQUIRE(!rep.tensors.empty(), "outputs",
                 "op model checked no tensor: the outputs hold no trace tensor of this model (they hold: ", names_of(outputs),
@@ -265,12 +401,14 @@ CompareReport run_model(const om::Model<mp50>& m, const TensorMap& inputs, const
 
 CompareReport run_model(const std::string& path, const TensorMap& inputs, const TensorMap& outputs,
                         const CompareOptions& opt) {
-  return run_model(om::load_model<mp50>(path), inputs, outputs, opt);
+  Models ms{om::load_model<double>(path), nullptr};
+  return run_model(ms, inputs, outputs, opt);
 }
 
 CompareReport run_model(const om::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
                         const TensorMap& outputs, const CompareOptions& opt) {
-  return run_model(om::model_from_tensors<mp50>(config, weights, "weights"), inputs, outputs, opt);
+  Models ms{om::model_from_tensors<double>(config, weights, "weights"), nullptr};
+  return run_model(ms, inputs, outputs, opt);
 }
 
 }  // namespace oasis::verify::detail

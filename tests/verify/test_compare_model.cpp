@@ -26,6 +26,7 @@
 #include "oasis/oasis.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis_test.hpp"
+#include "model_checker.hpp"
 
 namespace io = oasis::io;
 namespace om = oasis::model;
@@ -279,12 +280,14 @@ struct Outcome {
 };
 
 Outcome compare(const std::string& dir, const om::Model<double>& weights, const io::TensorMap& trace,
-            io::DType weights_dtype = io::DType::f32) {
+            io::DType weights_dtype = io::DType::f32, verify::Oracle oracle = verify::Oracle::fast) {
   om::save_model(weights, dir + "/model.safetensors", weights_dtype);
   io::write_safetensors(dir + "/run.safetensors", trace);
   std::ofstream(dir + "/config.json") << kModelCfg;
+  verify::CompareOptions opt;
+  opt.oracle = oracle;
   const auto t0 = std::chrono::steady_clock::now();
-  Outcome r{verify::compare_config_file(dir + "/config.json"), 0};
+  Outcome r{verify::compare_config_file(dir + "/config.json", opt), 0};
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -314,6 +317,23 @@ std::string input_error(const std::string& dir, const om::Model<double>& weights
 }
 
 om::Model<float> as_float(const om::Model<double>& m) { return m.cast<float>(); }
+
+/// The fast oracle's report gives the mp50 oracle's verdicts: the same tensors, verdicts and
+/// violation counts, and for float32 and 16-bit tensors the worst ratios to a relative 1e-6 (the
+/// fast ratios are taken at the double reference, within ~1e-9 of the allowance of the exact one;
+/// for float64 tensors that error is of the order of the allowance).
+void expect_same_verdicts(const verify::CompareReport& fast, const verify::CompareReport& mp, const std::string& what) {
+  EXPECT_EQ(fast.passed, mp.passed) << what;
+  ASSERT_EQ(fast.tensors.size(), mp.tensors.size()) << what;
+  for (std::size_t i = 0; i < fast.tensors.size(); ++i) {
+    const verify::TensorReport &f = fast.tensors[i], &m = mp.tensors[i];
+    EXPECT_EQ(f.name, m.name) << what;
+    EXPECT_EQ(f.passed, m.passed) << what << " " << f.name;
+    EXPECT_EQ(f.violations, m.violations) << what << " " << f.name;
+    if (std::isfinite(m.worst_ratio) && f.dtype != io::DType::f64)
+      EXPECT_NEAR(f.worst_ratio, m.worst_ratio, 1e-6 * m.worst_ratio + 1e-12) << what << " " << f.name;
+  }
+}
 
 }  // namespace
 
@@ -373,6 +393,10 @@ TEST(VerifyModel, MutantZooFailsNamingTheFirstWrongStepAndEndToEnd) {
     const Outcome e = compare(dir, m, only(full, {"logits"}));
     EXPECT_FALSE(e.rep.passed) << mu.name << " (logits only)\n" << verify::format_report(e.rep);
     EXPECT_EQ(first_wrong(e.rep), "logits") << mu.name;
+    // the default fast oracle gives the mp50 oracle's verdicts
+    expect_same_verdicts(r.rep, compare(dir, m, full, io::DType::f32, verify::Oracle::mp50).rep, mu.name + " (full)");
+    expect_same_verdicts(e.rep, compare(dir, m, only(full, {"logits"}), io::DType::f32, verify::Oracle::mp50).rep,
+                         mu.name + " (logits only)");
     std::printf("  %-42s %-24s %-24s %-8s %12.3g %.2f %.2f %.2f\n", mu.name.c_str(), first_wrong(r.rep).c_str(),
                 first_wrong(mn.rep).c_str(), e.rep.passed ? "PASS" : "FAIL", find(e.rep, "logits").worst_ratio, r.seconds,
                 mn.seconds, e.seconds);
@@ -455,6 +479,7 @@ TEST(VerifyModel, CorrectTracesPassInEveryPrecisionAndLayout) {
     EXPECT_TRUE(e.rep.passed) << c.name << " (logits only)\n" << verify::format_report(e.rep);
     ASSERT_EQ(e.rep.tensors.size(), 1u);
     EXPECT_LT(find(e.rep, "logits").worst_ratio, 1.0);
+    expect_same_verdicts(r.rep, compare(dir, m, full, io::DType::f32, verify::Oracle::mp50).rep, c.name + " (full)");
     std::printf("  %-34s %9s %9s %9s %13.3g %.2f %.2f %.2f\n", c.name.c_str(), r.rep.passed ? "PASS" : "FAIL",
                 mn.rep.passed ? "PASS" : "FAIL", e.rep.passed ? "PASS" : "FAIL", find(e.rep, "logits").worst_ratio,
                 r.seconds, mn.seconds, e.seconds);
@@ -497,6 +522,75 @@ TEST(VerifyModel, EndToEndVerdictCatchesWhatExceedsTwiceThePlainReplaysError) {
   bool noted = false;
   for (const auto& n : r.rep.notes) noted = noted || n.find("end-to-end verdict") != std::string::npos;
   EXPECT_TRUE(noted) << verify::format_report(r.rep);
+}
+
+// ---- the fast oracle ------------------------------------------------------------------------------
+
+/// "k" of the report's oracle line "fast (...; k of n tensors recomputed in mp50)" (-1: not fast).
+int recomputed_tensors(const verify::CompareReport& r) {
+  const auto at = r.oracle.find("; ");
+  if (r.oracle.rfind("fast", 0) != 0 || at == std::string::npos) return -1;
+  return std::atoi(r.oracle.c_str() + at + 2);
+}
+
+// A mid-sized model (d = 64, 4 heads, 2 blocks, T = 32): the fast oracle decides every tensor of
+// the float32 trace without mp50 and gives the mp50 oracle's verdicts, full trace and logits only,
+// for the correct trace and for one with an MLP output element moved by 1e-3.
+TEST(VerifyModel, FastOracleAgreesWithMp50OnAMidSizedModel) {
+  om::ModelConfig cfg = kimi_full();
+  cfg.vocab_size = 64;
+  cfg.d_model = 64;
+  cfg.n_heads = 4;
+  cfg.d_ff = 128;
+  const om::Model<double> m = test_model(cfg, 4310);
+  const index_t T = 32;
+  std::vector<index_t> ids;
+  for (index_t i = 0; i < T; ++i) ids.push_back((11 * i + 5) % cfg.vocab_size);
+  om::ForwardOptions fo;
+  fo.trace = true;
+  io::TensorMap full = om::trace_tensors(as_float(m).forward(ids, 1, T, fo), io::DType::f32);
+  Tensor<double> idt({1, T});
+  for (index_t i = 0; i < T; ++i) idt[i] = static_cast<double>(ids[static_cast<std::size_t>(i)]);
+  full.emplace("ids", io::StoredTensor{io::DType::i32, idt});
+  const std::string dir = tmp_dir("midsize");
+  for (int moved = 0; moved < 2; ++moved) {
+    io::TensorMap t = full;
+    if (moved) t.at("layers.1.mlp.output").values[100] += 1e-3;
+    const Outcome f = compare(dir, m, t);
+    EXPECT_EQ(f.rep.passed, moved == 0) << verify::format_report(f.rep);
+    EXPECT_EQ(recomputed_tensors(f.rep), 0) << f.rep.oracle;
+    expect_same_verdicts(f.rep, compare(dir, m, t, io::DType::f32, verify::Oracle::mp50).rep, "mid-sized full");
+    const io::TensorMap lo = only(t, {"logits"});
+    const Outcome e = compare(dir, m, lo);
+    EXPECT_TRUE(e.rep.passed) << verify::format_report(e.rep);
+    expect_same_verdicts(e.rep, compare(dir, m, lo, io::DType::f32, verify::Oracle::mp50).rep, "mid-sized logits");
+  }
+}
+
+// An element placed on the certain line of its tensor (x = ref + 0.5 ulp + 2 e in float64) is left
+// undecided by the double reference (its own error is about e): that tensor, and only that one
+// more, is recomputed in mp50, and the verdicts are the mp50 oracle's.
+TEST(VerifyModel, FastOracleRecomputesAnUndecidedTensorInMp50) {
+  const om::ModelConfig cfg = kimi_full();
+  const om::Model<double> m = test_model(cfg, 4311);
+  const std::vector<index_t> ids = token_ids(cfg);
+  const io::TensorMap full = library_trace(m, ids, io::DType::f64);
+  const std::string dir = tmp_dir("undecided");
+  const Outcome base = compare(dir, m, full);
+  ASSERT_TRUE(base.rep.passed) << verify::format_report(base.rep);
+  const int k0 = recomputed_tensors(base.rep);
+  ASSERT_GE(k0, 0) << base.rep.oracle;
+  const std::string name = "layers.0.mlp.output";
+  const om::Model<oasis::mp50> hp = m.cast<oasis::mp50>();
+  oasis::verify::detail::ModelChecker ck(hp, full, ids, kB, kT);
+  const auto x = ck.expected(name, full.at(name), true);
+  io::TensorMap t = full;
+  const index_t i = 3;
+  const double ref = static_cast<double>(x.ref[i]);
+  t.at(name).values[i] = ref + 0.5 * io::dtype_ulp(io::DType::f64, ref) + 2.0 * x.e[i];
+  const Outcome f = compare(dir, m, t);
+  EXPECT_EQ(recomputed_tensors(f.rep), k0 + 1) << f.rep.oracle << "\n" << base.rep.oracle;
+  expect_same_verdicts(f.rep, compare(dir, m, t, io::DType::f32, verify::Oracle::mp50).rep, "on the certain line");
 }
 
 // ---- no empty verdicts, no silent names, no unlinked steps ------------------------------------------

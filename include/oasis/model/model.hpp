@@ -153,6 +153,7 @@ struct ForwardResult {
   Tensor<T> state;                        ///< [B, T, d] readout state before the final norm
   std::vector<SublayerTrace<T>> trace;    ///< per sublayer in order, then the readout router
   std::vector<double> logit_error;        ///< [B * T] first-order bound on max_v |logit error|
+  std::vector<double> state_error;        ///< [B * T] the same for the readout state
 };
 
 /// Key/value caches (one per attention sublayer) and the position of incremental decoding.
@@ -489,6 +490,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   res.logits = detail::to_btd(logits.x, B, Tn);
   res.state = detail::to_btd(state.x, B, Tn);
   res.logit_error = logits.e;
+  res.state_error = state.e;
   st.length += Tn;
   return res;
 }

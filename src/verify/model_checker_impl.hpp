@@ -1,4 +1,8 @@
-// src/verify/model_checker.cpp — the producers of the trace tensors (model_checker.hpp).
+// src/verify/model_checker_impl.hpp — the producers of the trace tensors (model_checker.hpp),
+// generic over the reference scalar R; instantiated for R (model_checker_R.cpp) and double
+// (model_checker_double.cpp). Included by those two files only.
+#pragma once
+
 #include "model_checker.hpp"
 
 #include <cmath>
@@ -42,17 +46,19 @@ std::string key(const WiredValue& v) {
   return "?";
 }
 
-Resolved from_rows(const Rows<mp50>& r) {
-  Resolved o{r.x, Tensor<double>(r.x.shape())};
+template <class Sc>
+ResolvedOf<Sc> from_rows(const Rows<Sc>& r) {
+  ResolvedOf<Sc> o{r.x, Tensor<double>(r.x.shape())};
   const index_t w = r.w();
   for (index_t i = 0; i < o.e.size(); ++i) o.e[i] = r.e.empty() ? 0.0 : r.e[static_cast<std::size_t>(i / w)];
   return o;
 }
 
 /// Rows with the per-row maximum of the element bounds (the layer rules take row bounds).
-Rows<mp50> to_rows(const Resolved& r) {
+template <class Sc>
+Rows<Sc> to_rows(const ResolvedOf<Sc>& r) {
   const index_t n = r.x.dim(0), w = r.x.dim(1);
-  Rows<mp50> o{r.x, std::vector<double>(static_cast<std::size_t>(n), 0.0)};
+  Rows<Sc> o{r.x, std::vector<double>(static_cast<std::size_t>(n), 0.0)};
   for (index_t i = 0; i < n * w; ++i) o.e[static_cast<std::size_t>(i / w)] = std::max(o.e[static_cast<std::size_t>(i / w)], r.e[i]);
   return o;
 }
@@ -71,8 +77,11 @@ std::string router_logits(const om::ModelConfig& c) {
 
 }  // namespace
 
-struct ModelChecker::Impl {
-  const om::Model<mp50>& m;
+template <class Sc>
+struct ModelCheckerOf<Sc>::Impl {
+  using Resolved = ResolvedOf<Sc>;
+  using Expected = ExpectedOf<Sc>;
+  const om::Model<Sc>& m;
   const om::ModelConfig& c;
   om::ModelWiring w;
   const TensorMap& trace;
@@ -83,13 +92,13 @@ struct ModelChecker::Impl {
   struct Slot { index_t sub = -1, router = -1; std::string field; };
   std::map<std::string, Slot> slots;
 
-  struct Proj { Rows<mp50> q, k, v; };
+  struct Proj { Rows<Sc> q, k, v; };
   std::map<std::string, Resolved> values[2];
-  std::map<index_t, om::RouteResult<mp50>> routes[2], logit_routes[2];
+  std::map<index_t, om::RouteResult<Sc>> routes[2], logit_routes[2];
   std::map<index_t, Proj> projs[2];
-  std::map<index_t, om::AttentionSublayer<mp50>> cores[2];
+  std::map<index_t, om::AttentionSublayer<Sc>> cores[2];
 
-  Impl(const om::Model<mp50>& model, const TensorMap& t, std::vector<index_t> i, index_t b, index_t tn,
+  Impl(const om::Model<Sc>& model, const TensorMap& t, std::vector<index_t> i, index_t b, index_t tn,
        std::map<std::string, Shape>& sh)
       : m(model), c(model.config()), w(om::model_wiring(model.config())), trace(t), ids(std::move(i)), B(b), Tn(tn),
         N(b * tn), d(model.config().d_model), shapes(sh) {}
@@ -124,7 +133,7 @@ struct ModelChecker::Impl {
     const Tensor<double>* t = read(n);
     if (!t) return std::nullopt;
     const index_t w = t->size() / N;
-    return Resolved{t->reshaped({N, w}).cast<mp50>(), Tensor<double>({N, w})};
+    return Resolved{t->reshaped({N, w}).cast<Sc>(), Tensor<double>({N, w})};
   }
   Resolved need_rows(const std::string& n) const {
     if (auto r = read_rows(n)) return *r;
@@ -142,8 +151,8 @@ struct ModelChecker::Impl {
   // ---- values handed between steps (wiring) ----------------------------------------------------
 
   Resolved embedding() const {
-    const Tensor<mp50>& E = m.param("embed_tokens.weight");
-    Resolved r{Tensor<mp50>({N, d}), Tensor<double>({N, d})};
+    const Tensor<Sc>& E = m.param("embed_tokens.weight");
+    Resolved r{Tensor<Sc>({N, d}), Tensor<double>({N, d})};
     for (index_t i = 0; i < N; ++i)
       for (index_t k = 0; k < d; ++k) r.x(i, k) = E(ids[static_cast<std::size_t>(i)], k);
     return r;
@@ -185,7 +194,7 @@ struct ModelChecker::Impl {
     for (const auto& x : excl) k += "|" + x;
     auto it = values[wide].find(k);
     if (it != values[wide].end()) return it->second;
-    Rows<mp50> acc = to_rows(value(v.terms[0], wide, excl));
+    Rows<Sc> acc = to_rows(value(v.terms[0], wide, excl));
     for (std::size_t i = 1; i < v.terms.size(); ++i) acc = om::add_rows(acc, to_rows(value(v.terms[i], wide, excl)), em(wide));
     return values[wide].emplace(k, from_rows(acc)).first->second;
   }
@@ -201,14 +210,14 @@ struct ModelChecker::Impl {
       if (auto r = read_rows(P + "branch_psi")) return *r;
     const Tensor<double>* pn = c.psi_estimator == om::PsiEstimator::p_null ? read(P + "p_null") : nullptr;
     if (pn) {
-      const Tensor<mp50> psi = null_statistic(pn->cast<mp50>());
+      const Tensor<Sc> psi = null_statistic(pn->cast<Sc>());
       Resolved r{psi.reshaped({N, 1}), Tensor<double>({N, 1})};
       for (index_t i = 0; i < N; ++i)
         r.e[i] = bounds::kSecondOrder * static_cast<double>(c.n_heads) * model_u(wide) * static_cast<double>(psi[i]);
       return r;
     }
-    const om::AttentionSublayer<mp50>& k = core(a, wide);
-    return from_rows(Rows<mp50>{k.psi.reshaped({N, 1}), k.e_psi});
+    const om::AttentionSublayer<Sc>& k = core(a, wide);
+    return from_rows(Rows<Sc>{k.psi.reshaped({N, 1}), k.e_psi});
   }
 
   /// The psi candidate i of router r carries [N, 1]: the mean of its attention sublayers' psi;
@@ -216,14 +225,14 @@ struct ModelChecker::Impl {
   Resolved candidate_psi(index_t r, std::size_t i, bool wide) {
     const auto& from = router(r).candidates[i].psi_from;
     if (from.size() == 1) return branch_psi(from[0], wide, true);
-    Resolved acc{Tensor<mp50>({N, 1}), Tensor<double>({N, 1})};
+    Resolved acc{Tensor<Sc>({N, 1}), Tensor<double>({N, 1})};
     for (index_t a : from) {
       const Resolved p = branch_psi(a, wide, true);
       for (index_t t = 0; t < N; ++t) { acc.x[t] += p.x[t]; acc.e[t] += p.e[t]; }
     }
     const double k = static_cast<double>(from.size());
     for (index_t t = 0; t < N; ++t) {
-      acc.x[t] /= mp50(k);
+      acc.x[t] /= Sc(k);
       acc.e[t] = acc.e[t] / k + (k + 1) * model_u(wide) * static_cast<double>(acc.x[t]);
     }
     return acc;
@@ -234,7 +243,7 @@ struct ModelChecker::Impl {
   /// The router step on its candidates (the trace's .sources and .psi when usable, else the
   /// wired values): kimi_route or authors_route with the error model of the checked precision.
   /// logits_only: the psi are left at 0 (g_old and its bound do not read them).
-  const om::RouteResult<mp50>& route(index_t r, bool wide, bool logits_only = false) {
+  const om::RouteResult<Sc>& route(index_t r, bool wide, bool logits_only = false) {
     auto& memo = logits_only ? logit_routes[wide] : routes[wide];
     auto it = memo.find(r);
     if (it != memo.end()) return it->second;
@@ -243,25 +252,25 @@ struct ModelChecker::Impl {
     const bool cp = coupled(r) && !logits_only;
     const Tensor<double>* src = usable(R.trace + ".sources") ? read(R.trace + ".sources") : nullptr;
     const Tensor<double>* psi = cp && usable(R.trace + ".psi") ? read(R.trace + ".psi") : nullptr;
-    std::vector<om::DepthSource<mp50>> cand(static_cast<std::size_t>(n));
-    std::vector<const om::DepthSource<mp50>*> ptr;
+    std::vector<om::DepthSource<Sc>> cand(static_cast<std::size_t>(n));
+    std::vector<const om::DepthSource<Sc>*> ptr;
     for (index_t i = 0; i < n; ++i) {
       const om::WiredCandidate& k = R.candidates[static_cast<std::size_t>(i)];
-      om::DepthSource<mp50>& s = cand[static_cast<std::size_t>(i)];
+      om::DepthSource<Sc>& s = cand[static_cast<std::size_t>(i)];
       if (src) {
-        s.v = Rows<mp50>{Tensor<double>({N, d}, std::vector<double>(src->ptr(i), src->ptr(i) + N * d)).cast<mp50>(),
+        s.v = Rows<Sc>{Tensor<double>({N, d}, std::vector<double>(src->ptr(i), src->ptr(i) + N * d)).cast<Sc>(),
                          std::vector<double>(static_cast<std::size_t>(N), 0.0)};
       } else {
         s.v = to_rows(value(k.value, wide, {}));
       }
       s.kind = k.kind;
-      s.psi = Tensor<mp50>({N});
+      s.psi = Tensor<Sc>({N});
       s.e_psi.assign(static_cast<std::size_t>(N), 0.0);
       s.name = k.name;
       if (cp && evidence(k)) {
         std::string from = psi ? R.trace + ".psi" : "the psi of " + k.name;
         if (psi) {
-          for (index_t t = 0; t < N; ++t) s.psi[t] = mp50(psi->ptr(i)[t]);
+          for (index_t t = 0; t < N; ++t) s.psi[t] = Sc(psi->ptr(i)[t]);
         } else {
           const Resolved p = candidate_psi(r, static_cast<std::size_t>(i), wide);
           for (index_t t = 0; t < N; ++t) { s.psi[t] = p.x[t]; s.e_psi[static_cast<std::size_t>(t)] = p.e[t]; }
@@ -275,7 +284,7 @@ struct ModelChecker::Impl {
       ptr.push_back(&s);
     }
     const double theta = m.theta_of(R.params);
-    om::RouteResult<mp50> res =
+    om::RouteResult<Sc> res =
         c.router == om::RouterFamily::authors_code
             ? om::authors_route(ptr, m.param(R.params + ".q_proj.weight"), m.param(R.params + ".k_proj.weight"),
                                 m.param(R.params + ".recency_bias")[0], theta, c, em(wide))
@@ -284,7 +293,7 @@ struct ModelChecker::Impl {
   }
 
   /// The depth-routing step on the trace's own .sources, .g_old, .psi (the op-level depth policy).
-  struct Tight { DepthRoute<mp50> ref; bounds::DepthRouteBounds b; };
+  struct Tight { DepthRoute<Sc> ref; bounds::DepthRouteBounds b; };
   std::map<index_t, std::optional<Tight>> tights[2];
   const std::optional<Tight>& tight(index_t r, bool wide) {
     auto it = tights[wide].find(r);
@@ -311,7 +320,7 @@ struct ModelChecker::Impl {
                                                    std::to_string(t) + "]"};
     }
     const DepthOptions dopt = om::router_depth_options(c, m.theta_of(R.params));
-    Tight x{attn_res_route(s3.cast<mp50>(), g2.cast<mp50>(), ps.cast<mp50>(), kinds, dopt), {}};
+    Tight x{attn_res_route(s3.cast<Sc>(), g2.cast<Sc>(), ps.cast<Sc>(), kinds, dopt), {}};
     x.b = wide ? bounds::depth_route_bounds(s3, ps, kinds, dopt, x.ref)
                : bounds::depth_route_bounds(s3.cast<float>(), ps.cast<float>(), kinds, dopt, x.ref);
     return x;
@@ -326,7 +335,7 @@ struct ModelChecker::Impl {
 
   // ---- sublayer internals ------------------------------------------------------------------------
 
-  Rows<mp50> input_rows(index_t l, bool wide) { return to_rows(value(WiredValue::of(VK::input, l), wide, {})); }
+  Rows<Sc> input_rows(index_t l, bool wide) { return to_rows(value(WiredValue::of(VK::input, l), wide, {})); }
 
   void require_bounds(index_t l, const std::string& name) const {
     OASIS_REQUIRE(!c.gated_attention && !c.prefix_sink, name,
@@ -363,11 +372,11 @@ struct ModelChecker::Impl {
     const Proj& p = proj(l, wide);
     return from_rows(f[5] == 'q' ? p.q : f[5] == 'k' ? p.k : p.v);
   }
-  const om::AttentionSublayer<mp50>& core(index_t l, bool wide) {
+  const om::AttentionSublayer<Sc>& core(index_t l, bool wide) {
     auto it = cores[wide].find(l);
     if (it != cores[wide].end()) return it->second;
-    om::KVCache<mp50> kv;
-    om::AttentionSublayer<mp50> a = om::attention_core(to_rows(qkv(l, "attn_q", wide)), to_rows(qkv(l, "attn_k", wide)),
+    om::KVCache<Sc> kv;
+    om::AttentionSublayer<Sc> a = om::attention_core(to_rows(qkv(l, "attn_q", wide)), to_rows(qkv(l, "attn_k", wide)),
                                                        to_rows(qkv(l, "attn_v", wide)), B, Tn, c, kv, em(wide));
     return cores[wide].emplace(l, std::move(a)).first->second;
   }
@@ -386,7 +395,13 @@ struct ModelChecker::Impl {
 
   /// p_null and LSE of attention sublayer l from its own q, k, v: the op-level token attention on
   /// the heads, under the op-level attention bounds.
-  Expected core_stat(index_t l, const std::string& field, bool wide) const {
+  std::map<index_t, std::pair<Expected, Expected>> stats[2];  ///< (p_null, lse) per sublayer
+  Expected core_stat(index_t l, const std::string& field, bool wide) {
+    auto it = stats[wide].find(l);
+    if (it == stats[wide].end()) it = stats[wide].emplace(l, compute_core_stat(l, wide)).first;
+    return field == "p_null" ? it->second.first : it->second.second;
+  }
+  std::pair<Expected, Expected> compute_core_stat(index_t l, bool wide) const {
     const index_t H = c.n_heads, Hkv = c.kv_heads(), dh = c.head_dim();
     const std::string P = sub(l).name + ".";
     auto heads_of = [&](const char* f, index_t Hx) {  // [B, T, Hx dh] -> [B, Hx, T, dh]
@@ -403,17 +418,18 @@ struct ModelChecker::Impl {
     ao.normalizer = c.token_norm();
     ao.causal = true;
     ao.return_probs = true;
-    const AttentionResult<mp50> ref = token_attention(qh.cast<mp50>(), kh.cast<mp50>(), vh.cast<mp50>(), ao);
+    const AttentionResult<Sc> ref = token_attention(qh.cast<Sc>(), kh.cast<Sc>(), vh.cast<Sc>(), ao);
     const bounds::AttentionBounds b = wide ? bounds::attention_bounds(qh, kh, vh, ao, ref)
                                            : bounds::attention_bounds(qh.cast<float>(), kh.cast<float>(), vh.cast<float>(), ao, ref);
     const std::string step = "token attention of " + sub(l).name + " on its own attn_q, attn_k, attn_v";
-    return field == "p_null" ? Expected{ref.p_null, b.p_null, step} : Expected{ref.lse, b.lse, step};
+    return {Expected{ref.p_null, b.p_null, step}, Expected{ref.lse, b.lse, step}};
   }
 };
 
 // ---------------------------------------------------------------------------------------------------
 
-ModelChecker::ModelChecker(const om::Model<mp50>& m, const TensorMap& trace, const std::vector<index_t>& ids, index_t B,
+template <class Sc>
+ModelCheckerOf<Sc>::ModelCheckerOf(const om::Model<Sc>& m, const TensorMap& trace, const std::vector<index_t>& ids, index_t B,
                            index_t Tn) {
   p_ = std::make_unique<Impl>(m, trace, ids, B, Tn, shapes_);
   Impl& I = *p_;
@@ -422,7 +438,7 @@ ModelChecker::ModelChecker(const om::Model<mp50>& m, const TensorMap& trace, con
   auto add = [&](const std::string& name, Shape s, index_t sub, index_t router, const std::string& field) {
     names_.emplace_back(name, s);
     shapes_[name] = s;
-    I.slots[name] = Impl::Slot{sub, router, field};
+    I.slots[name] = typename Impl::Slot{sub, router, field};
   };
   auto add_router = [&](index_t r) {
     const om::WiredRouter& R = I.router(r);
@@ -457,28 +473,35 @@ ModelChecker::ModelChecker(const om::Model<mp50>& m, const TensorMap& trace, con
   add("logits", {B, Tn, c.vocab_size}, -1, -1, "logits");
 }
 
-ModelChecker::~ModelChecker() = default;
+template <class Sc>
+ModelCheckerOf<Sc>::~ModelCheckerOf() = default;
 
-const Shape* ModelChecker::shape_of(const std::string& name) const {
+template <class Sc>
+const Shape* ModelCheckerOf<Sc>::shape_of(const std::string& name) const {
   const auto it = shapes_.find(name);
   return it == shapes_.end() ? nullptr : &it->second;
 }
 
-bool ModelChecker::psi_used(const std::string& name) const {
+template <class Sc>
+bool ModelCheckerOf<Sc>::psi_used(const std::string& name) const {
   const auto it = p_->slots.find(name);
   return it != p_->slots.end() && it->second.router >= 0 && p_->coupled(it->second.router);
 }
 
-Resolved ModelChecker::readout_step(bool wide) {
+template <class Sc>
+ResolvedOf<Sc> ModelCheckerOf<Sc>::readout_step(bool wide) {
   Impl& I = *p_;
   std::set<std::string> excl{"state"};
   for (const auto& a : I.aliases(I.w.state)) excl.insert(a);
   return I.value(I.w.state, wide, excl);
 }
 
-Expected ModelChecker::expected(const std::string& name, const StoredTensor& got, bool wide) {
+template <class Sc>
+ExpectedOf<Sc> ModelCheckerOf<Sc>::expected(const std::string& name, const StoredTensor& got, bool wide) {
+  using Resolved = ResolvedOf<Sc>;
+  using Expected = ExpectedOf<Sc>;
   Impl& I = *p_;
-  const Impl::Slot& s = I.slots.at(name);
+  const typename Impl::Slot& s = I.slots.at(name);
   const Shape& shape = shapes_.at(name);
   const index_t N = I.N, d = I.d;
   auto shaped = [&](const Resolved& r, const std::string& step) {
@@ -491,7 +514,7 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
     std::string cands;
     for (const auto& k : R.candidates) cands += (cands.empty() ? "" : ", ") + k.name;
     if (s.field == "sources") {  // every candidate is the value the wiring names
-      Expected x{Tensor<mp50>({n, N, d}), Tensor<double>({n, N, d}), "the candidates of router " + R.params + ": " + cands};
+      Expected x{Tensor<Sc>({n, N, d}), Tensor<double>({n, N, d}), "the candidates of router " + R.params + ": " + cands};
       for (index_t i = 0; i < n; ++i) {
         const Resolved v = I.value(R.candidates[static_cast<std::size_t>(i)].value, wide, {});
         std::copy(v.x.data(), v.x.data() + N * d, x.ref.ptr(i));
@@ -502,14 +525,14 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
       return x;
     }
     if (s.field == "psi") {  // entries without null evidence are not read: taken as given
-      Expected x{Tensor<mp50>({n, N}), Tensor<double>({n, N}), "the psi of the candidates of router " + R.params + ": " + cands};
+      Expected x{Tensor<Sc>({n, N}), Tensor<double>({n, N}), "the psi of the candidates of router " + R.params + ": " + cands};
       for (index_t i = 0; i < n; ++i) {
         const om::WiredCandidate& k = R.candidates[static_cast<std::size_t>(i)];
         if (I.evidence(k)) {
           const Resolved p = I.candidate_psi(s.router, static_cast<std::size_t>(i), wide);
           for (index_t t = 0; t < N; ++t) { x.ref(i, t) = p.x[t]; x.e(i, t) = p.e[t]; }
         } else {
-          for (index_t t = 0; t < N; ++t) x.ref(i, t) = mp50(got.values[i * N + t]);
+          for (index_t t = 0; t < N; ++t) x.ref(i, t) = Sc(got.values[i * N + t]);
         }
       }
       x.ref = x.ref.reshaped(shape);
@@ -517,7 +540,7 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
       return x;
     }
     if (s.field == "g_old") {
-      const om::RouteResult<mp50>& r = I.route(s.router, wide, true);
+      const om::RouteResult<Sc>& r = I.route(s.router, wide, true);
       const std::string how = router_logits(I.c);
       return Expected{r.g_old.reshaped(shape), rows_bound(r.e_gold, n * N, 1).reshaped(shape),
                       "the logits of router " + R.params + " (" + how + ") on its sources"};
@@ -551,8 +574,8 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
     if (S.kind == om::SublayerKind::attention) {
       I.require_bounds(l, name);
       if (s.field == "attn_q" || s.field == "attn_k" || s.field == "attn_v") {
-        const Impl::Proj& p = I.proj(l, wide);
-        const Rows<mp50>& r = s.field == "attn_q" ? p.q : s.field == "attn_k" ? p.k : p.v;
+        const typename Impl::Proj& p = I.proj(l, wide);
+        const Rows<Sc>& r = s.field == "attn_q" ? p.q : s.field == "attn_k" ? p.k : p.v;
         return shaped(from_rows(r), "projections of " + S.name + " (RMSNorm, W, q/k norm, RoPE) on its input");
       }
       if (s.field == "p_null" || s.field == "lse") {
@@ -561,7 +584,7 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
           return x;
         }
         if (s.field == "lse") throw Missing{S.name + ".attn_q", shapes_.at(S.name + ".attn_q")};
-        const om::AttentionSublayer<mp50>& a = I.core(l, wide);
+        const om::AttentionSublayer<Sc>& a = I.core(l, wide);
         return Expected{a.p_null, a.e_p_null, "attention core of " + S.name + " on its q, k, v"};
       }
       if (s.field == "attn_heads")
@@ -573,13 +596,13 @@ Expected ModelChecker::expected(const std::string& name, const StoredTensor& got
                                                      : "attention core of " + S.name + " on its q, k, v");
       }
       // output: W_o on the heads
-      const Rows<mp50> o = om::linear(to_rows(I.heads(l, wide)), *I.m.attn_weights(S.block).wo, em);
+      const Rows<Sc> o = om::linear(to_rows(I.heads(l, wide)), *I.m.attn_weights(S.block).wo, em);
       return shaped(from_rows(o), "output projection of " + S.name + " on its heads");
     }
     if (s.field == "mlp_hidden")
       return shaped(from_rows(om::mlp_hidden(I.input_rows(l, wide), I.m.mlp_weights(S.block), I.c, em)),
                     "MLP hidden rows of " + S.name + " (RMSNorm, silu(W_gate x) * W_up x) on its input");
-    const Rows<mp50> o = om::linear(to_rows(I.hidden(l, wide)), *I.m.mlp_weights(S.block).down, em);
+    const Rows<Sc> o = om::linear(to_rows(I.hidden(l, wide)), *I.m.mlp_weights(S.block).down, em);
     return shaped(from_rows(o), "down projection of " + S.name + " on its hidden rows");
   }
   if (name == "state") {

@@ -11,7 +11,9 @@
 //   BM_Verify_model_full/...         op model on the full float32 trace of Model<float>::run (random
 //                                    Kimi Full AttnRes model): d = 256, 4 blocks, T = 128, vocab 256;
 //                                    d = 768, 12 blocks, 12 heads, T = 512, vocab 32000 (GPT-2 small)
-//   BM_Verify_model_logits/...       the same models, logits only (the end-to-end verdict)
+//   BM_Verify_model_logits/...       the d = 256 model, logits only (the end-to-end verdict; at this
+//                                    depth the double replay's composed bound leaves it to the mp50
+//                                    replay, docs/verify.md: GPT-2 small would take hours)
 // Targets (docs/benchmarks.md): <= 30 s, <= 30 s and <= 10 s on the 2-core benchmark machine; the
 // full model traces <= 5 s (d = 256) and <= 300 s (GPT-2 small).
 #include <benchmark/benchmark.h>
@@ -201,7 +203,7 @@ void model_bench(benchmark::State& state, ModelProblem& p, index_t T, bool full)
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
-    rep = verify::check_model(p.cfg, p.weights, p.in, out, co);
+    rep = verify::check_model(p.cfg, p.weights, p.in, out, {}, co);
     cpu_seconds = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -209,7 +211,7 @@ void model_bench(benchmark::State& state, ModelProblem& p, index_t T, bool full)
   static std::unique_ptr<ModelProblem> small = model_problem(model_config(64, 64, 2, 4), 32);
   co.oracle = verify::Oracle::mp50;
   const auto t0 = std::chrono::steady_clock::now();
-  const verify::CompareReport mp = verify::check_model(small->cfg, small->weights, small->in, full ? small->trace : small->logits, co);
+  const verify::CompareReport mp = verify::check_model(small->cfg, small->weights, small->in, full ? small->trace : small->logits, {}, co);
   const double small_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!mp.passed) abort_run("mp50 model check did not pass:\n" + verify::format_report(mp));
   const double mp50_s = small_s * model_work(p.cfg, T) / model_work(small->cfg, 32);
@@ -234,10 +236,6 @@ static void BM_Verify_model_full_gpt2small_d768_12blocks_T512(benchmark::State& 
   static std::unique_ptr<ModelProblem> p = model_problem(model_config(32000, 768, 12, 12), 512);
   model_bench(state, *p, 512, true);
 }
-static void BM_Verify_model_logits_gpt2small_d768_12blocks_T512(benchmark::State& state) {
-  static std::unique_ptr<ModelProblem> p = model_problem(model_config(32000, 768, 12, 12), 512);
-  model_bench(state, *p, 512, false);
-}
 
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
@@ -245,6 +243,5 @@ BENCHMARK(BM_Verify_depth_8192_tokens_33_sources_d2048)->Iterations(1)->Unit(ben
 BENCHMARK(BM_Verify_model_full_d256_4blocks_T128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_model_logits_d256_4blocks_T128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_model_full_gpt2small_d768_12blocks_T512)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
-BENCHMARK(BM_Verify_model_logits_gpt2small_d768_12blocks_T512)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 
 }  // namespace oasis_bench

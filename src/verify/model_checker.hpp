@@ -84,6 +84,10 @@ class ModelCheckerOf {
   /// True when the router traced under `name`'s prefix is coupled (psi used); false otherwise.
   bool psi_used(const std::string& name) const;
 
+  /// Forgets the intermediate values kept between calls (projections, attention cores, routes,
+  /// sums): the memory stays that of the steps in use (a later call recomputes what it needs).
+  void release();
+
  private:
   struct Impl;
   std::vector<std::pair<std::string, Shape>> names_;

@@ -483,6 +483,20 @@ const Shape* ModelCheckerOf<Sc>::shape_of(const std::string& name) const {
 }
 
 template <class Sc>
+void ModelCheckerOf<Sc>::release() {
+  Impl& I = *p_;
+  for (int w = 0; w < 2; ++w) {
+    I.values[w].clear();
+    I.routes[w].clear();
+    I.logit_routes[w].clear();
+    I.projs[w].clear();
+    I.cores[w].clear();
+    I.tights[w].clear();
+    I.stats[w].clear();
+  }
+}
+
+template <class Sc>
 bool ModelCheckerOf<Sc>::psi_used(const std::string& name) const {
   const auto it = p_->slots.find(name);
   return it != p_->slots.end() && it->second.router >= 0 && p_->coupled(it->second.router);

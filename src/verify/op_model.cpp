@@ -326,9 +326,16 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
   rep.op = "model";
   std::map<std::string, std::string> steps;  // checked tensor -> its producer
   index_t checked = 0, recomputed = 0;
+  std::string prefix;  // of the tensors being checked: the memory held is that of one sublayer's steps
   for (const auto& [name, shape] : ck.names()) {
     const auto it = outputs.find(name);
     if (it == outputs.end()) continue;
+    const std::string p = name.substr(0, name.rfind('.') == std::string::npos ? 0 : name.rfind('.'));
+    if (p != prefix) {
+      ck.release();
+      if (ckm) ckm->release();
+      prefix = p;
+    }
     const StoredTensor& got = it->second;
     const std::string field = name.substr(name.rfind('.') + 1);
     if (field == "psi" && !ck.psi_used(name)) {

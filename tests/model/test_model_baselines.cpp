@@ -119,7 +119,7 @@ TEST(ModelBaselines, QuantisedMlpEqualsFakeQuantLinearCompositionBitwise) {
   for (om::ModelConfig cfg : configs()) {
     const auto m = random_model<double>(cfg, 41);
     const auto ids = tokens(kB * kT, 42, cfg.vocab_size);
-    const oasis::WAQuantConfig qc = oasis::wa_preset("W6A6");
+    const oasis::WAQuantConfig qc = oasis::wa_preset("W6A6-dynamic");
     om::ForwardOptions fo;
     fo.trace = true;
     fo.quant = &qc;
@@ -149,7 +149,7 @@ TEST(ModelBaselines, QuantisedGatedAttentionEqualsFakeQuantLinearCompositionBitw
     cfg.gated_attention = true;
     const auto m = random_model<double>(cfg, 45);
     const auto ids = tokens(kB * kT, 46, cfg.vocab_size);
-    const oasis::WAQuantConfig qc = oasis::wa_preset("W4A4");
+    const oasis::WAQuantConfig qc = oasis::wa_preset("W4A4-dynamic");
     om::ForwardOptions fo;
     fo.trace = true;
     fo.quant = &qc;
@@ -192,7 +192,7 @@ TEST(ModelBaselines, QuantisationErrorGrowsAsBitsShrink) {
     const auto ids = tokens(kB * kT, 52, cfg.vocab_size);
     const auto ref = m.forward(ids, kB, kT);
     std::vector<double> err;
-    for (const char* p : {"W8A8", "W6A6", "W4A4"}) {
+    for (const char* p : {"W8A8-dynamic", "W6A6-dynamic", "W4A4-dynamic"}) {
       const oasis::WAQuantConfig qc = oasis::wa_preset(p);
       om::ForwardOptions fo;
       fo.quant = &qc;
@@ -340,7 +340,7 @@ TEST(ModelBaselines, DefaultsOffInitUnchangedSaveLoadBitExact) {
 TEST(ModelBaselines, ErrorBoundWithBaselinesOrQuantisationIsRejected) {
   om::ModelConfig cfg = tiny(Variant::oasis, om::RouterFamily::kimi_full);
   const auto ids = tokens(kB * kT, 94, cfg.vocab_size);
-  const oasis::WAQuantConfig qc = oasis::wa_preset("W8A8");
+  const oasis::WAQuantConfig qc = oasis::wa_preset("W8A8-dynamic");
   auto arg = [&](const om::ModelConfig& c, const oasis::WAQuantConfig* q) -> std::string {
     om::ForwardOptions fo;
     fo.error_u = oasis::unit_roundoff<float>();

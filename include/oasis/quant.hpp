@@ -171,7 +171,7 @@ void group_ranges(const Tensor<T>& x, const QuantGroups& G, std::vector<T>& lo, 
   }
 }
 
-/// Scale and zero point of one group with range [lo, hi] (lo <= 0 <= hi) on grid `grid`.
+/// Scale and zero point of group g with range [lo, hi] (lo <= 0 <= hi) on the grid of p.
 template <class T>
 void set_group_params(QuantParams<T>& p, std::size_t g, const T& lo, const T& hi) {
   if (p.scheme.symmetric) {

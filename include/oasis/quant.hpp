@@ -1,25 +1,37 @@
 // oasis/quant.hpp — fake (simulated) uniform quantisation for W8A8-style studies (SPEC §6,
-// docs/baselines.md).
+// docs/baselines.md, which has the table of presets and the papers they reproduce).
 //
-// A scheme has a bit width b, a kind and a granularity; ranges are min-max over each group.
-//   symmetric   qmax = 2^(b-1) - 1, scale = max|x| / qmax,
-//               q = clamp(rne(x / scale), -qmax, qmax),            x^ = q * scale
-//               (restricted, zero-centred grid: -2^(b-1) is not used)
+// A scheme has a bit width b, a kind, a grid, a range rule and a granularity.
+//   symmetric   codes [-qmax, qmax] with qmax = 2^(b-1) - 1 (restricted, zero-centred grid), or
+//               with full_signed_grid [-2^(b-1), qmax] (Bondarenko et al.'s code); with
+//               unsigned_if_nonnegative a tensor whose values are all >= 0 uses the unsigned grid
+//               [0, 2^b - 1] (their code's rule: signed = min x < 0, one decision per tensor).
+//               scale = a / top, top = the grid's largest code, a = the range's max |x|;
+//               q = clamp(rne(x / scale), lo, top),                  x^ = q * scale
 //   asymmetric  lo = min(min x, 0), hi = max(max x, 0) (the range always holds 0, so 0 is exact),
 //               scale = (hi - lo) / (2^b - 1), zp = clamp(rne(-lo / scale), 0, 2^b - 1),
 //               q = clamp(rne(x / scale) + zp, 0, 2^b - 1),          x^ = (q - zp) * scale
-// rne is round half to even (IEEE default). A group whose values are all 0 gets scale 1, zp 0
+// rne is round half to even (IEEE default). A group whose range is {0} gets scale 1, zp 0
 // (every value is exactly representable). In exact arithmetic |x - x^| <= scale / 2 inside the
 // range; docs/baselines.md gives the floating-point bound the tests check.
+// Range rules: minmax (the group's own min and max), mse_grid (symmetric only; Bondarenko et
+// al.'s evaluation of weights: a in {c * step : c = 1..N}, step = (max(|min x|, max x) + margin) / N,
+// N = 100, margin = 0.5, the candidate of least sum (x - x^)^2 per group, first on ties), and
+// static ranges from calibration (RunningMinMax: min and max of the first calibration batch, then
+// r <- (1 - momentum) r_batch + momentum r, momentum 0.9, as their running_minmax estimator).
 // Granularity: per_tensor (one range), per_channel (one range per index along `channel_axis`;
 // axis 0 is the output channel of a [out, in] weight), per_token (one range per row of the
 // tensor viewed as [numel / last, last]: each token of an activation [..., T, d]).
 #pragma once
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "oasis/error.hpp"
@@ -29,11 +41,22 @@ namespace oasis {
 
 enum class QuantGranularity { per_tensor, per_channel, per_token };
 
+/// How a group's range is chosen from the values it quantises.
+enum class QuantRange {
+  minmax,    ///< the group's min and max (dynamic when applied to each tensor as it comes)
+  mse_grid,  ///< Bondarenko et al.'s grid search for the least squared error (symmetric only)
+};
+
 struct QuantScheme {
   int bits = 8;
   bool symmetric = true;
   QuantGranularity granularity = QuantGranularity::per_tensor;
-  index_t channel_axis = 0;  ///< used by per_channel
+  index_t channel_axis = 0;              ///< used by per_channel
+  QuantRange range = QuantRange::minmax;
+  bool full_signed_grid = false;         ///< symmetric: codes down to -2^(b-1) (authors' code)
+  bool unsigned_if_nonnegative = false;  ///< symmetric: grid [0, 2^b - 1] for a tensor with min >= 0
+  int mse_candidates = 100;              ///< mse_grid: number of candidate ranges N
+  double mse_margin = 0.5;               ///< mse_grid: absolute margin added to max |x|
 };
 
 /// Range parameters of one quantisation of one tensor (one entry per group).
@@ -43,6 +66,7 @@ struct QuantParams {
   Shape shape;                  ///< shape of the tensor the parameters were computed for
   std::vector<T> scale;         ///< > 0
   std::vector<T> zero_point;    ///< integer-valued; 0 for symmetric
+  T code_min = T(0), code_max = T(0);  ///< the integer grid [code_min, code_max]
 };
 
 /// Round half to even, exact for every representable x (x - floor(x) is exact below 2^p).
@@ -68,6 +92,14 @@ inline std::string_view to_string(QuantGranularity g) {
 namespace detail {
 inline void check_scheme(const QuantScheme& s, const Shape& shape) {
   OASIS_REQUIRE(s.bits >= 2 && s.bits <= 16, "bits", "must be in [2, 16], got ", s.bits);
+  OASIS_REQUIRE(s.symmetric || (!s.full_signed_grid && !s.unsigned_if_nonnegative), "scheme",
+                "full_signed_grid and unsigned_if_nonnegative apply to symmetric schemes only");
+  OASIS_REQUIRE(s.range != QuantRange::mse_grid || s.symmetric, "range",
+                "mse_grid is defined for symmetric schemes only (the authors' one-dimensional search)");
+  OASIS_REQUIRE(s.range != QuantRange::mse_grid || (s.mse_candidates >= 1 && std::isfinite(s.mse_margin) &&
+                                                     s.mse_margin >= 0.0),
+                "mse_candidates", "mse_grid needs mse_candidates >= 1 and a finite mse_margin >= 0, got ",
+                s.mse_candidates, " and ", s.mse_margin);
   OASIS_REQUIRE(shape_numel(shape) > 0, "x", "empty tensor ", shape_str(shape));
   if (s.granularity == QuantGranularity::per_channel)
     OASIS_REQUIRE(s.channel_axis >= 0 && s.channel_axis < static_cast<index_t>(shape.size()), "channel_axis",
@@ -100,37 +132,81 @@ inline QuantGroups quant_groups(const QuantScheme& s, const Shape& shape) {
   }
   return q;
 }
+/// round_half_even for |y| <= 2^16 (a clamped code): for float and double evaluated in their own
+/// format, y + 1.5 * 2^(p-1) lies in [2^(p-1), 2^p) where the spacing is 1, so the addition
+/// rounds y to an integer under the default rounding mode (half to even) and the subtraction is
+/// exact — the value of round_half_even without its floor calls. Other types use round_half_even.
+template <class T>
+T round_half_even_small(const T& y) {
+  if constexpr ((std::is_same_v<T, double> || std::is_same_v<T, float>) && FLT_EVAL_METHOD == 0) {
+    constexpr T shifter = T(1.5) * static_cast<T>(std::is_same_v<T, double> ? 4503599627370496.0 : 8388608.0);
+    return (y + shifter) - shifter;
+  } else {
+    return round_half_even(y);
+  }
+}
 inline double qmax_sym(int bits) { return std::ldexp(1.0, bits - 1) - 1.0; }
 inline double qmax_asym(int bits) { return std::ldexp(1.0, bits) - 1.0; }
-}  // namespace detail
 
-/// Min-max range parameters of x under scheme s.
+/// The integer grid of scheme s for a tensor that is non-negative (`nonneg`) or not.
+struct CodeGrid {
+  double lo = 0, hi = 0;
+};
+inline CodeGrid code_grid(const QuantScheme& s, bool nonneg) {
+  if (!s.symmetric) return {0.0, qmax_asym(s.bits)};
+  if (s.unsigned_if_nonnegative && nonneg) return {0.0, qmax_asym(s.bits)};
+  const double q = qmax_sym(s.bits);
+  return {s.full_signed_grid ? -q - 1.0 : -q, q};
+}
+
+/// Per-group min and max of x (each range holds 0: lo <= 0 <= hi).
 template <class T>
-QuantParams<T> minmax_quant_params(const Tensor<T>& x, const QuantScheme& s) {
-  using std::abs;
-  detail::check_scheme(s, x.shape());
-  require_finite(x, "x");
-  const detail::QuantGroups G = detail::quant_groups(s, x.shape());
-  std::vector<T> lo(static_cast<std::size_t>(G.count), T(0)), hi(static_cast<std::size_t>(G.count), T(0));
+void group_ranges(const Tensor<T>& x, const QuantGroups& G, std::vector<T>& lo, std::vector<T>& hi) {
+  lo.assign(static_cast<std::size_t>(G.count), T(0));
+  hi.assign(static_cast<std::size_t>(G.count), T(0));
   for (index_t i = 0; i < x.size(); ++i) {
     const auto g = static_cast<std::size_t>(G.of(i));
     if (x[i] < lo[g]) lo[g] = x[i];
     if (x[i] > hi[g]) hi[g] = x[i];
   }
-  QuantParams<T> p{s, x.shape(), std::vector<T>(lo.size()), std::vector<T>(lo.size(), T(0))};
-  for (std::size_t g = 0; g < lo.size(); ++g) {
-    if (s.symmetric) {
-      const T amax = -lo[g] > hi[g] ? -lo[g] : hi[g];
-      p.scale[g] = amax > T(0) ? amax / T(detail::qmax_sym(s.bits)) : T(1);
-    } else {
-      const T qm = T(detail::qmax_asym(s.bits));
-      const T range = hi[g] - lo[g];
-      p.scale[g] = range > T(0) ? range / qm : T(1);
-      T zp = round_half_even(-lo[g] / p.scale[g]);
-      p.zero_point[g] = zp < T(0) ? T(0) : (zp > qm ? qm : zp);
-    }
+}
+
+/// Scale and zero point of group g with range [lo, hi] (lo <= 0 <= hi) on the grid of p.
+template <class T>
+void set_group_params(QuantParams<T>& p, std::size_t g, const T& lo, const T& hi) {
+  if (p.scheme.symmetric) {
+    const T amax = -lo > hi ? -lo : hi;
+    p.scale[g] = amax > T(0) ? amax / p.code_max : T(1);
+  } else {
+    const T range = hi - lo;
+    p.scale[g] = range > T(0) ? range / p.code_max : T(1);
+    const T zp = round_half_even(-lo / p.scale[g]);
+    p.zero_point[g] = zp < T(0) ? T(0) : (zp > p.code_max ? p.code_max : zp);
   }
+}
+
+/// Parameters of ranges [lo_g, hi_g] per group for a tensor of shape `shape`; `nonneg` selects
+/// the unsigned grid where the scheme asks for it.
+template <class T>
+QuantParams<T> params_from_ranges(const QuantScheme& s, const Shape& shape, const std::vector<T>& lo,
+                                  const std::vector<T>& hi, bool nonneg) {
+  const CodeGrid grid = code_grid(s, nonneg);
+  QuantParams<T> p{s, shape, std::vector<T>(lo.size()), std::vector<T>(lo.size(), T(0)), T(grid.lo), T(grid.hi)};
+  for (std::size_t g = 0; g < lo.size(); ++g) set_group_params(p, g, lo[g], hi[g]);
   return p;
+}
+}  // namespace detail
+
+/// Min-max range parameters of x under scheme s (s.range is not consulted; see quant_params).
+template <class T>
+QuantParams<T> minmax_quant_params(const Tensor<T>& x, const QuantScheme& s) {
+  detail::check_scheme(s, x.shape());
+  require_finite(x, "x");
+  const detail::QuantGroups G = detail::quant_groups(s, x.shape());
+  std::vector<T> lo, hi;
+  detail::group_ranges(x, G, lo, hi);
+  const bool nonneg = *std::min_element(lo.begin(), lo.end()) >= T(0);
+  return detail::params_from_ranges(s, x.shape(), lo, hi, nonneg);
 }
 
 /// Integer codes q of x under fixed parameters p (as T, integer-valued).
@@ -143,8 +219,8 @@ Tensor<T> quantize_codes(const Tensor<T>& x, const QuantParams<T>& p) {
   const detail::QuantGroups G = detail::quant_groups(p.scheme, x.shape());
   OASIS_REQUIRE(static_cast<index_t>(p.scale.size()) == G.count && p.zero_point.size() == p.scale.size(), "params",
                 "has ", p.scale.size(), " scales, expected ", G.count);
-  const T lo = p.scheme.symmetric ? T(-detail::qmax_sym(p.scheme.bits)) : T(0);
-  const T hi = p.scheme.symmetric ? T(detail::qmax_sym(p.scheme.bits)) : T(detail::qmax_asym(p.scheme.bits));
+  const T lo = p.code_min, hi = p.code_max;
+  OASIS_REQUIRE(hi > lo, "params", "empty integer grid [", to_double(lo), ", ", to_double(hi), "]");
   Tensor<T> q(x.shape());
   for (index_t i = 0; i < x.size(); ++i) {
     const auto g = static_cast<std::size_t>(G.of(i));
@@ -175,45 +251,243 @@ Tensor<T> fake_quantize(const Tensor<T>& x, const QuantParams<T>& p) {
   return dequantize(quantize_codes(x, p), p);
 }
 
-/// Fake quantisation with min-max ranges of x itself (dynamic quantisation).
+/// MSE-grid range parameters of x under symmetric scheme s (Bondarenko et al.'s weight ranges):
+/// candidates a_c = c * step, c = 1..N, step = (max(|min x|, max x) + margin) / N over the whole
+/// tensor; per group the candidate of least sum (x - x^)^2 (accumulated in double; the first on
+/// ties). The grid is unsigned when s.unsigned_if_nonnegative and min x >= 0 (their one-sided search).
+template <class T>
+QuantParams<T> mse_grid_quant_params(const Tensor<T>& x, const QuantScheme& s) {
+  detail::check_scheme(s, x.shape());
+  OASIS_REQUIRE(s.symmetric, "range", "mse_grid is defined for symmetric schemes only");
+  require_finite(x, "x");
+  const detail::QuantGroups G = detail::quant_groups(s, x.shape());
+  std::vector<T> lo, hi;
+  detail::group_ranges(x, G, lo, hi);
+  const T tmin = *std::min_element(lo.begin(), lo.end()), tmax = *std::max_element(hi.begin(), hi.end());
+  QuantParams<T> p = detail::params_from_ranges(s, x.shape(), lo, hi, tmin >= T(0));
+  const T top = -tmin > tmax ? -tmin : tmax;
+  const T step = (top + T(s.mse_margin)) / T(s.mse_candidates);
+  if (!(step > T(0))) return p;  // all-zero tensor without margin: the min-max parameters (scale 1)
+  const auto ng = static_cast<std::size_t>(G.count);
+  std::vector<double> best(ng, std::numeric_limits<double>::infinity()), loss(ng);
+  std::vector<T> best_scale(ng);
+  std::vector<std::size_t> group(static_cast<std::size_t>(x.size()));
+  for (index_t i = 0; i < x.size(); ++i) group[static_cast<std::size_t>(i)] = static_cast<std::size_t>(G.of(i));
+  for (int c = 1; c <= s.mse_candidates; ++c) {
+    const T scale = step * T(c) / p.code_max;
+    std::fill(loss.begin(), loss.end(), 0.0);
+    // Sums run over maximal runs of one group in a local accumulator (per tensor: one run).
+    std::size_t cur = group.empty() ? 0 : group[0];
+    double acc = 0;
+    for (index_t i = 0; i < x.size(); ++i) {
+      const std::size_t g = group[static_cast<std::size_t>(i)];
+      if (g != cur) {
+        loss[cur] += acc;
+        acc = 0;
+        cur = g;
+      }
+      // clamp(rne(y), lo, hi) = rne(clamp(y, lo, hi)) for integer lo, hi (rne is monotone).
+      T y = x[i] / scale;
+      y = y < p.code_min ? p.code_min : (y > p.code_max ? p.code_max : y);
+      const double e = to_double(x[i] - detail::round_half_even_small(y) * scale);
+      acc += e * e;
+    }
+    loss[cur] += acc;
+    for (std::size_t g = 0; g < ng; ++g)
+      if (loss[g] < best[g]) {
+        best[g] = loss[g];
+        best_scale[g] = scale;
+      }
+  }
+  p.scale = best_scale;
+  return p;
+}
+
+/// Range parameters of x under scheme s by its range rule (minmax or mse_grid).
+template <class T>
+QuantParams<T> quant_params(const Tensor<T>& x, const QuantScheme& s) {
+  return s.range == QuantRange::mse_grid ? mse_grid_quant_params(x, s) : minmax_quant_params(x, s);
+}
+
+/// Fake quantisation with ranges from x itself by the scheme's range rule (dynamic quantisation
+/// for minmax).
 template <class T>
 Tensor<T> fake_quantize(const Tensor<T>& x, const QuantScheme& s) {
-  return fake_quantize(x, minmax_quant_params(x, s));
+  return fake_quantize(x, quant_params(x, s));
 }
+
+// ------------------------------------------------------------------------------------------------
+// Static activation ranges from calibration batches.
+
+/// Bondarenko et al.'s running min-max estimator: per group, the min and max of the first batch,
+/// then lo <- (1 - momentum) min(batch) + momentum lo, likewise hi. Ranges are held in double.
+struct RunningMinMax {
+  double momentum = 0.9;
+  std::vector<double> lo, hi;  ///< per group, the running estimates of min x and max x
+  index_t batches = 0;         ///< calibration batches seen
+  Shape group_shape;           ///< shape of the first batch's groups (per_channel: that axis' size)
+
+  template <class T>
+  void update(const Tensor<T>& x, const QuantScheme& s) {
+    detail::check_scheme(s, x.shape());
+    OASIS_REQUIRE(s.granularity != QuantGranularity::per_token, "granularity",
+                  "static (calibrated) ranges need groups that do not depend on the number of tokens; "
+                  "per_token ranges are dynamic by definition");
+    OASIS_REQUIRE(std::isfinite(momentum) && momentum >= 0.0 && momentum < 1.0, "momentum",
+                  "must be in [0, 1), got ", momentum);
+    require_finite(x, "x");
+    const detail::QuantGroups G = detail::quant_groups(s, x.shape());
+    const auto ng = static_cast<std::size_t>(G.count);
+    std::vector<double> bl(ng, HUGE_VAL), bh(ng, -HUGE_VAL);
+    for (index_t i = 0; i < x.size(); ++i) {
+      const auto g = static_cast<std::size_t>(G.of(i));
+      bl[g] = std::min(bl[g], to_double(x[i]));
+      bh[g] = std::max(bh[g], to_double(x[i]));
+    }
+    if (batches == 0) {
+      lo = bl;
+      hi = bh;
+      group_shape = Shape{G.count};
+    } else {
+      OASIS_REQUIRE(static_cast<index_t>(lo.size()) == G.count, "x", "calibration batch has ", G.count,
+                    " range groups, the earlier batches had ", lo.size());
+      for (std::size_t g = 0; g < ng; ++g) {
+        lo[g] = (1.0 - momentum) * bl[g] + momentum * lo[g];
+        hi[g] = (1.0 - momentum) * bh[g] + momentum * hi[g];
+      }
+    }
+    ++batches;
+  }
+
+  /// Parameters of the current estimates for a tensor of `shape` under scheme s: each range is
+  /// widened to hold 0 (lo <- min(lo, 0), hi <- max(hi, 0)); the grid is unsigned where the
+  /// scheme asks for it and the estimated min is >= 0.
+  template <class T>
+  QuantParams<T> params(const QuantScheme& s, const Shape& shape) const {
+    OASIS_REQUIRE(batches > 0, "calibration", "no calibration batch has been seen");
+    detail::check_scheme(s, shape);
+    const detail::QuantGroups G = detail::quant_groups(s, shape);
+    OASIS_REQUIRE(static_cast<index_t>(lo.size()) == G.count, "x", "shape ", shape_str(shape), " has ", G.count,
+                  " range groups, the calibration had ", lo.size());
+    std::vector<T> l(lo.size()), h(lo.size());
+    for (std::size_t g = 0; g < lo.size(); ++g) {
+      l[g] = T(std::min(lo[g], 0.0));
+      h[g] = T(std::max(hi[g], 0.0));
+    }
+    return detail::params_from_ranges(s, shape, l, h, *std::min_element(lo.begin(), lo.end()) >= 0.0);
+  }
+};
+
+/// Calibration state of a static-activation configuration: one RunningMinMax per activation
+/// quantiser, in the order a forward visits them. While `frozen` is false every visit updates
+/// its estimator with the batch and quantises with the updated estimate (calibration passes);
+/// once frozen, the ranges are fixed (evaluation).
+struct ActivationCalibration {
+  std::vector<RunningMinMax> sites;
+  std::size_t cursor = 0;  ///< next site; reset by begin_pass()
+  bool frozen = false;
+
+  void begin_pass() { cursor = 0; }
+  /// After a frozen pass: every calibrated site was visited (the same model and forward).
+  void end_pass() const {
+    OASIS_REQUIRE(!frozen || cursor == sites.size(), "calibration", "the forward visited ", cursor,
+                  " activation quantisers, the calibration recorded ", sites.size());
+  }
+};
+
+/// How a weight-activation configuration sets its activation ranges.
+enum class ActivationRanges {
+  dynamic,     ///< from each activation tensor itself (QuantScheme's range rule)
+  calibrated,  ///< static, from calibration batches (RunningMinMax through ActivationCalibration)
+};
 
 /// A weight-activation configuration (W<b>A<b>).
 struct WAQuantConfig {
-  std::string name;        ///< "W8A8", "W6A6", "W4A4"
+  std::string name;        ///< the preset name (wa_preset)
   QuantScheme weights;     ///< weights [out, in]
   QuantScheme activations; ///< activations [..., T, d]
+  ActivationRanges activation_ranges = ActivationRanges::dynamic;
+  double calibration_momentum = 0.9;                ///< RunningMinMax momentum of calibrated ranges
+  ActivationCalibration* calibration = nullptr;     ///< state of calibrated ranges (not owned)
 };
 
-/// The presets of the paper's tables: W8A8, W6A6, W4A4. Following Bondarenko et al. (2023), whom
-/// the clipped/gated baselines come from: symmetric per-tensor weights, asymmetric per-tensor
-/// activations, min-max ranges (per-tensor activation ranges are the setting that outliers hurt).
+/// Fake-quantised activation x under cfg: dynamic ranges from x, or the next calibration site
+/// (updated with x first while the calibration is not frozen).
+template <class T>
+Tensor<T> quantize_activation(const Tensor<T>& x, const WAQuantConfig& cfg) {
+  if (cfg.activation_ranges == ActivationRanges::dynamic) return fake_quantize(x, cfg.activations);
+  OASIS_REQUIRE(cfg.calibration != nullptr, "calibration", "preset '", cfg.name,
+                "' has calibrated activation ranges: set WAQuantConfig::calibration and run calibration passes first");
+  ActivationCalibration& c = *cfg.calibration;
+  const std::size_t k = c.cursor++;
+  if (!c.frozen) {
+    if (k == c.sites.size()) {
+      c.sites.emplace_back();
+      c.sites.back().momentum = cfg.calibration_momentum;
+    }
+    c.sites[k].update(x, cfg.activations);
+  }
+  OASIS_REQUIRE(k < c.sites.size(), "calibration", "activation quantiser ", k + 1, " was not calibrated (",
+                c.sites.size(), " were)");
+  return fake_quantize(x, c.sites[k].params<T>(cfg.activations, x.shape()));
+}
+
+/// The presets (docs/baselines.md, "Quantisation presets", has the paper, table and settings):
+///   W8A8-dynamic, W6A6-dynamic, W4A4-dynamic   restricted symmetric per-tensor min-max weights,
+///                  asymmetric per-tensor min-max activations from each tensor (no paper's setting)
+///   bondarenko-W8A8 (also -W6A6, -W4A4)        Bondarenko et al. (2023) PTQ: symmetric per-tensor
+///                  weights on the full signed grid (unsigned for a non-negative tensor) with
+///                  MSE-grid ranges; asymmetric per-tensor activations with static running
+///                  min-max ranges (momentum 0.9) from calibration batches
+///   omniquant-rtn-W8A8 (also -W6A6, -W4A4)     OmniQuant's quantiser layout (Shao et al. 2024):
+///                  asymmetric per-output-channel min-max weights, asymmetric per-token dynamic
+///                  activations; round-to-nearest ranges (no learned clipping or transformation)
 inline WAQuantConfig wa_preset(std::string_view name) {
-  int bits = 0;
-  if (name == "W8A8") bits = 8;
-  else if (name == "W6A6") bits = 6;
-  else if (name == "W4A4") bits = 4;
-  OASIS_REQUIRE(bits != 0, "preset", "unknown quantisation preset '", std::string(name),
-                "' (expected W8A8, W6A6 or W4A4)");
+  const std::string n(name);
+  auto bits_of = [&](std::string_view suffix) {
+    if (suffix == "W8A8") return 8;
+    if (suffix == "W6A6") return 6;
+    if (suffix == "W4A4") return 4;
+    return 0;
+  };
+  auto strip = [&](std::string_view prefix, std::string_view post) -> std::string_view {
+    if (name.size() < prefix.size() + post.size() || name.substr(0, prefix.size()) != prefix ||
+        name.substr(name.size() - post.size()) != post)
+      return {};
+    return name.substr(prefix.size(), name.size() - prefix.size() - post.size());
+  };
   WAQuantConfig c;
-  c.name = std::string(name);
-  c.weights = QuantScheme{bits, true, QuantGranularity::per_tensor, 0};
-  c.activations = QuantScheme{bits, false, QuantGranularity::per_tensor, 0};
+  c.name = n;
+  if (const int b = bits_of(strip("", "-dynamic"))) {
+    c.weights = QuantScheme{b, true, QuantGranularity::per_tensor, 0};
+    c.activations = QuantScheme{b, false, QuantGranularity::per_tensor, 0};
+  } else if (const int b2 = bits_of(strip("bondarenko-", ""))) {
+    c.weights = QuantScheme{b2, true, QuantGranularity::per_tensor, 0};
+    c.weights.range = QuantRange::mse_grid;
+    c.weights.full_signed_grid = true;
+    c.weights.unsigned_if_nonnegative = true;
+    c.activations = QuantScheme{b2, false, QuantGranularity::per_tensor, 0};
+    c.activation_ranges = ActivationRanges::calibrated;
+  } else if (const int b3 = bits_of(strip("omniquant-rtn-", ""))) {
+    c.weights = QuantScheme{b3, false, QuantGranularity::per_channel, 0};
+    c.activations = QuantScheme{b3, false, QuantGranularity::per_token, 0};
+  } else {
+    OASIS_REQUIRE(false, "preset", "unknown quantisation preset '", n,
+                  "' (expected W8A8-dynamic, W6A6-dynamic, W4A4-dynamic, bondarenko-W8A8, bondarenko-W6A6, "
+                  "bondarenko-W4A4, omniquant-rtn-W8A8, omniquant-rtn-W6A6 or omniquant-rtn-W4A4)");
+  }
   return c;
 }
 
 /// A linear layer y = Q_A(x) Q_W(W)^T with fake-quantised activations x [N, in] (one token per
-/// row) and weights W [out, in] (PyTorch nn.Linear layout), both with min-max ranges of their
-/// own values (dynamic). The product is accumulated in T, left to right over `in`.
+/// row; quantize_activation) and weights W [out, in] (PyTorch nn.Linear layout; ranges by the
+/// weight scheme's rule). The product is accumulated in T, left to right over `in`.
 template <class T>
 Tensor<T> fake_quant_linear(const Tensor<T>& x, const Tensor<T>& W, const WAQuantConfig& cfg) {
   require_rank(x, 2, "x", "[N, in]");
   require_rank(W, 2, "W", "[out, in]");
   OASIS_REQUIRE(x.dim(1) == W.dim(1), "W", "input width ", W.dim(1), " differs from x's ", x.dim(1));
-  const Tensor<T> xq = fake_quantize(x, cfg.activations), wq = fake_quantize(W, cfg.weights);
+  const Tensor<T> xq = quantize_activation(x, cfg), wq = fake_quantize(W, cfg.weights);
   const index_t N = x.dim(0), in = x.dim(1), out = W.dim(0);
   Tensor<T> y({N, out});
   for (index_t n = 0; n < N; ++n)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "oasis/attention.hpp"
@@ -24,20 +25,20 @@ TEST(BaselineMetrics, KurtosisHandComputed) {
   // x = [-1, 1, -1, 1]: mu = 0, mean((x-mu)^4) = 1, s^2 = 4/3 (Bessel), s^4 = 16/9:
   // k = 1 / (16/9 + 1e-6).
   const Tensor<double> x({1, 4}, {-1, 1, -1, 1});
-  EXPECT_NEAR(kurtosis(x), 1.0 / (16.0 / 9.0 + 1e-6), 1e-15);
+  EXPECT_NEAR(kurtosis_regularised(x), 1.0 / (16.0 / 9.0 + 1e-6), 1e-15);
   // Two sequences are averaged; a shifted and scaled copy has the same kurtosis up to the 1e-6
   // regulariser: y = 3 + 2x: s^4 = 16 * 16/9, mean (y - mu)^4 = 16 -> 16 / (256/9 + 1e-6).
   const Tensor<double> two({2, 2, 2}, {-1, 1, -1, 1, 1, 5, 1, 5});
-  EXPECT_NEAR(kurtosis(two), 0.5 * (1.0 / (16.0 / 9 + 1e-6) + 16.0 / (256.0 / 9 + 1e-6)), 1e-15);
+  EXPECT_NEAR(kurtosis_regularised(two), 0.5 * (1.0 / (16.0 / 9 + 1e-6) + 16.0 / (256.0 / 9 + 1e-6)), 1e-15);
   // A single outlier among n zeros-and-ones raises kurtosis far above 3.
   Tensor<double> o({1, 1000});
   for (index_t i = 0; i < 1000; ++i) o[i] = (i % 2) ? 0.1 : -0.1;
   o[500] = 50;
-  EXPECT_GT(kurtosis(o), 100.0);
+  EXPECT_GT(kurtosis_regularised(o), 100.0);
   // The constant sequence: 0 / (0 + 1e-6) = 0, no division by zero.
-  EXPECT_EQ(kurtosis(Tensor<double>({1, 5}, 2.0)), 0.0);
-  EXPECT_THROW(kurtosis(Tensor<double>({3, 1})), oasis::invalid_argument);  // n = 1: no Bessel
-  EXPECT_THROW(kurtosis(Tensor<double>({0, 4})), oasis::invalid_argument);
+  EXPECT_EQ(kurtosis_regularised(Tensor<double>({1, 5}, 2.0)), 0.0);
+  EXPECT_THROW(kurtosis_regularised(Tensor<double>({3, 1})), oasis::invalid_argument);  // n = 1: no Bessel
+  EXPECT_THROW(kurtosis_regularised(Tensor<double>({0, 4})), oasis::invalid_argument);
 }
 
 TEST(BaselineMetrics, GaussianKurtosisIsThreeWithinSamplingTolerance) {
@@ -47,10 +48,10 @@ TEST(BaselineMetrics, GaussianKurtosisIsThreeWithinSamplingTolerance) {
   // 0.096 (a false failure has probability ~6e-7; the seed is fixed anyway).
   auto rng = make_rng(811);
   const auto x = randn<double>({8, 64, 128}, rng, 2.5, -1.0);  // location and scale do not matter
-  EXPECT_NEAR(kurtosis(x), 3.0, 0.096);
+  EXPECT_NEAR(kurtosis_regularised(x), 3.0, 0.096);
   // Uniform on [-1, 1]: kurtosis 9/5; sd sqrt((m8 - m4^2 ...)/n) is smaller than the Gaussian's.
   const auto uni = oasis::test::uniform<double>({8, 8192}, rng, -1, 1);
-  EXPECT_NEAR(kurtosis(uni), 1.8, 0.096);
+  EXPECT_NEAR(kurtosis_regularised(uni), 1.8, 0.096);
 }
 
 TEST(BaselineMetrics, MaxInfNormAndSummary) {
@@ -59,8 +60,8 @@ TEST(BaselineMetrics, MaxInfNormAndSummary) {
   const Tensor<double> b({1, 4}, {-1, 1, -1, 1});
   const OutlierSummary s = outlier_summary(std::vector<Tensor<double>>{a, b});
   EXPECT_EQ(s.tensors, 2);
-  EXPECT_DOUBLE_EQ(s.avg_kurtosis, 0.5 * (kurtosis(a) + kurtosis(b)));
-  EXPECT_DOUBLE_EQ(s.max_kurtosis, std::max(kurtosis(a), kurtosis(b)));
+  EXPECT_DOUBLE_EQ(s.avg_kurtosis, 0.5 * (kurtosis_regularised(a) + kurtosis_regularised(b)));
+  EXPECT_DOUBLE_EQ(s.max_kurtosis, std::max(kurtosis_regularised(a), kurtosis_regularised(b)));
   EXPECT_EQ(s.max_inf_norm, 2.5);
   EXPECT_THROW(outlier_summary(std::vector<Tensor<double>>{}), oasis::invalid_argument);
   Tensor<double> bad = b;
@@ -262,15 +263,29 @@ TEST(BaselineQuant, GranularityGroupsAndPresets) {
   EXPECT_EQ(pp.zero_point[0], 0.0);
   EXPECT_EQ(fake_quantize(Tensor<double>({1, 3}, {0, 0, 0}), QuantScheme{})[1], 0.0);  // all-zero group
   // Presets.
-  for (const char* name : {"W8A8", "W6A6", "W4A4"}) {
-    const WAQuantConfig w = wa_preset(name);
-    EXPECT_EQ(w.name, name);
-    EXPECT_EQ(w.weights.bits, w.activations.bits);
-    EXPECT_TRUE(w.weights.symmetric);
-    EXPECT_FALSE(w.activations.symmetric);
-  }
-  EXPECT_EQ(wa_preset("W4A4").weights.bits, 4);
+  for (const char* family : {"", "bondarenko-", "omniquant-rtn-"})
+    for (const char* wa : {"W8A8", "W6A6", "W4A4"}) {
+      const std::string name = std::string(family) + wa + (*family ? "" : "-dynamic");
+      const WAQuantConfig w = wa_preset(name);
+      EXPECT_EQ(w.name, name);
+      EXPECT_EQ(w.weights.bits, w.activations.bits);
+      EXPECT_EQ(w.weights.symmetric, std::string(family) != "omniquant-rtn-") << name;
+      EXPECT_FALSE(w.activations.symmetric);
+      EXPECT_EQ(w.activation_ranges == ActivationRanges::calibrated, std::string(family) == "bondarenko-") << name;
+    }
+  EXPECT_EQ(wa_preset("W4A4-dynamic").weights.bits, 4);
   EXPECT_THROW(wa_preset("W3A3"), oasis::invalid_argument);
+  // Scheme options that do not combine are refused by name.
+  QuantScheme bad{8, false, QuantGranularity::per_tensor, 0};
+  bad.range = QuantRange::mse_grid;
+  EXPECT_EQ(oasis::test::thrown_argument([&] { fake_quantize(x, bad); }), "range");
+  bad = QuantScheme{8, false, QuantGranularity::per_tensor, 0};
+  bad.unsigned_if_nonnegative = true;
+  EXPECT_EQ(oasis::test::thrown_argument([&] { fake_quantize(x, bad); }), "scheme");
+  RunningMinMax rm;
+  EXPECT_EQ(oasis::test::thrown_argument([&] { rm.update(x, QuantScheme{8, false, QuantGranularity::per_token, 0}); }),
+            "granularity");
+  EXPECT_EQ(oasis::test::thrown_argument([&] { rm.params<double>(QuantScheme{}, x.shape()); }), "calibration");
   EXPECT_THROW(minmax_quant_params(x, QuantScheme{1, true, QuantGranularity::per_tensor, 0}), oasis::invalid_argument);
   EXPECT_THROW(minmax_quant_params(x, QuantScheme{8, true, QuantGranularity::per_channel, 2}), oasis::invalid_argument);
   Tensor<double> nan = x;
@@ -304,7 +319,7 @@ TEST(BaselineQuant, FakeQuantLinearErrorWithinQuantisationSteps) {
   // error of two length-`in` dot products, 2 gamma_in sum_c |x_c W_c| (+ quantised magnitudes).
   auto rng = make_rng(816);
   const Tensor<double> x = randn<double>({5, 24}, rng), W = randn<double>({7, 24}, rng, 0.1);
-  for (const char* preset : {"W8A8", "W6A6", "W4A4"}) {
+  for (const char* preset : {"W8A8-dynamic", "W6A6-dynamic", "W4A4-dynamic"}) {
     const WAQuantConfig cfg = wa_preset(preset);
     const Tensor<double> y = fake_quant_linear(x, W, cfg);
     const double sx = minmax_quant_params(x, cfg.activations).scale[0];
@@ -327,7 +342,7 @@ TEST(BaselineQuant, FakeQuantLinearErrorWithinQuantisationSteps) {
     EXPECT_GT(worst, 0.0) << preset;  // quantisation is not the identity at these widths
   }
   // Equals the plain product of the fake-quantised operands, bitwise.
-  const WAQuantConfig c8 = wa_preset("W8A8");
+  const WAQuantConfig c8 = wa_preset("W8A8-dynamic");
   const Tensor<double> xq = fake_quantize(x, c8.activations), wq = fake_quantize(W, c8.weights);
   const Tensor<double> y = fake_quant_linear(x, W, c8);
   for (index_t n = 0; n < 5; ++n)

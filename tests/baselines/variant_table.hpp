@@ -11,8 +11,8 @@
 // Tracked tensors (metrics.hpp): the hidden state h_l entering every sublayer and the readout
 // state. Attention probabilities come from the model's trace (ForwardOptions::trace_probs).
 // Null mass: mean p_null of the token attentions (S2 rows: mean p_sink, the sink playing the
-// null category's role); depth null mass: mean alpha_null. BOS mass, sink rate (epsilon 0.3)
-// and entropy are over the real tokens (S2: the sink column is dropped and enters the entropy
+// null category's role); depth null mass: mean alpha_null. BOS mass, sink rate (Gu et al.:
+// per (sample, layer, head), epsilon 0.3) and entropy are over the real tokens (S2: the sink column is dropped and enters the entropy
 // as the null category).
 // Pathology (pathology.hpp, docs/baselines.md): per query t >= 1 with N_t = {0} (the first token
 // as the weakly relevant position), lambda1 = lambda2 = 1; AttnRes rows use Definition 5.1 with
@@ -23,7 +23,9 @@
 // Quantised output error: a full forward with ForwardOptions::quant = wa_preset(p) (every linear
 // layer of the blocks with fake-quantised weights and input activations; embedding, LM head,
 // norms and routers in full precision) against the full-precision logits: relative Frobenius
-// ||Δ||_F / ||logits||_F and max |Δ|.
+// ||Δ||_F / ||logits||_F and max |Δ|. Presets with calibrated activation ranges first run
+// kCalibrationBatches calibration forwards on batches of other random tokens (same B, T), then
+// evaluate with the frozen ranges.
 #pragma once
 
 #include <cmath>
@@ -80,7 +82,7 @@ struct VariantRow {
   double null_mass = 0;        ///< mean token p_null over attention sublayers (S2: mean p_sink)
   double depth_null_mass = 0;  ///< mean alpha_null over routers (0 without routing)
   double bos_mass = 0;         ///< mean over attention layers of bos_mass (real tokens)
-  double sink_rate = 0;        ///< fraction of (layer, head) with first-key importance > 0.3
+  double sink_rate = 0;        ///< sink_rate (Gu et al.): fraction of (sample, layer, head) with first-key importance > 0.3
   double entropy = 0;          ///< mean attention entropy (nats), null category (S2: sink) included
   PathologyTerms<double> pathology{0, 0, 0};  ///< means over (b, t >= 1) of L, C, E
   double pathology_score = 0;                  ///< mean over (b, t >= 1) of S_t
@@ -92,8 +94,13 @@ struct TableOptions {
   ModelConfig base;  ///< sizes and conventions; variant/token_normalizer/gating/sink set per row
   std::uint64_t seed = 8;
   index_t batch = 2, seq = 16;
-  std::vector<std::string> presets{"W8A8", "W6A6", "W4A4"};
+  /// The paper's settings (docs/baselines.md, "Quantisation presets"): W8A8 as Bondarenko et al.,
+  /// W6A6 and W4A4 in OmniQuant's quantiser layout with round-to-nearest ranges.
+  std::vector<std::string> presets{"bondarenko-W8A8", "omniquant-rtn-W6A6", "omniquant-rtn-W4A4"};
 };
+
+/// Calibration batches of the presets with calibrated activation ranges.
+inline constexpr int kCalibrationBatches = 4;
 
 inline TableOptions default_table_options() {
   TableOptions o;
@@ -276,9 +283,20 @@ inline std::vector<VariantRow> variant_table(const TableOptions& opt) {
     pathology_means(cfg.attn_res() ? readout : nullptr, mean_rows, last_attention, r);
 
     for (const std::string& preset : opt.presets) {
-      const WAQuantConfig qc = wa_preset(preset);
+      WAQuantConfig qc = wa_preset(preset);
+      ActivationCalibration calibration;
       ForwardOptions qo;
       qo.quant = &qc;
+      if (qc.activation_ranges == ActivationRanges::calibrated) {
+        qc.calibration = &calibration;
+        std::mt19937_64 crng(opt.seed + 3);
+        std::vector<index_t> cids(ids.size());
+        for (int c = 0; c < kCalibrationBatches; ++c) {
+          for (auto& t : cids) t = tok(crng);
+          m.forward(cids, opt.batch, opt.seq, qo);
+        }
+        calibration.frozen = true;
+      }
       const ForwardResult<double> q = m.forward(ids, opt.batch, opt.seq, qo);
       r.quant_rel.push_back(rel_frobenius(q.logits, fp.logits));
       r.quant_max.push_back(max_abs_diff(q.logits, fp.logits));
@@ -293,7 +311,7 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
      << opt.base.n_heads << ", B " << opt.batch << ", T " << opt.seq << ", seed " << opt.seed
      << ", init_std " << opt.base.init_std << "\n";
   os << "# null: token p_null (S2: p_sink), d_null: depth alpha_null, bos: first-token mass, sink: sink rate\n"
-     << "#   (eps 0.3), entropy: attention entropy in nats with the null category (S2: the sink)\n"
+     << "#   (Gu et al.: per sample, layer and head, eps 0.3), entropy: attention entropy in nats with the null category (S2: the sink)\n"
      << "# L, C, E, S: pathology (Def. 5.1 on the readout router; original: Def. 5.2 on the last layer),\n"
      << "#   N_t = {0}, lambda1 = " << kLambda1 << ", lambda2 = " << kLambda2 << ", mean over queries t >= 1\n"
      << "# <preset>-rel / -max: end-to-end logits error of the forward with every block linear layer's\n"
@@ -302,7 +320,8 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
      << std::setw(9) << "avg_kurt" << std::setw(9) << "max_kurt" << std::setw(9) << "max_inf" << std::setw(8)
      << "null" << std::setw(8) << "d_null" << std::setw(8) << "bos" << std::setw(8) << "sink" << std::setw(8)
      << "entropy" << std::setw(8) << "L" << std::setw(8) << "C" << std::setw(8) << "E" << std::setw(8) << "S";
-  for (const std::string& p : opt.presets) os << std::setw(10) << (p + "-rel") << std::setw(10) << (p + "-max");
+  auto width = [](const std::string& p) { return static_cast<int>(std::max<std::size_t>(10, p.size() + 6)); };
+  for (const std::string& p : opt.presets) os << std::setw(width(p)) << (p + "-rel") << std::setw(width(p)) << (p + "-max");
   os << "\n";
   os << std::fixed;
   for (const VariantRow& r : rows) {
@@ -313,7 +332,8 @@ inline void print_table(std::ostream& os, const TableOptions& opt, const std::ve
        << r.entropy << std::setw(8) << r.pathology.leakage << std::setw(8) << r.pathology.concentration
        << std::setw(8) << r.pathology.entropy_collapse << std::setw(8) << r.pathology_score;
     os << std::setprecision(5);
-    for (std::size_t i = 0; i < r.quant_rel.size(); ++i) os << std::setw(10) << r.quant_rel[i] << std::setw(10) << r.quant_max[i];
+    for (std::size_t i = 0; i < r.quant_rel.size(); ++i)
+      os << std::setw(width(opt.presets[i])) << r.quant_rel[i] << std::setw(width(opt.presets[i])) << r.quant_max[i];
     os << "\n";
   }
 }

@@ -98,7 +98,7 @@ TEST(ModelBackward, BadInputIsNamed) {
   clipped.token_normalizer = RowNorm::clipped_softmax;
   throws_naming([&] { (void)om::model_backward(om::Model<double>::initialized(clipped, 1), li.ids, mc.B, mc.T, li.R); },
                 "token_normalizer");
-  const oasis::WAQuantConfig w8 = oasis::wa_preset("W8A8");
+  const oasis::WAQuantConfig w8 = oasis::wa_preset("W8A8-dynamic");
   om::ForwardOptions quant;
   quant.quant = &w8;
   throws_naming([&] { (void)om::model_backward(m, li.ids, mc.B, mc.T, li.R, {}, quant); }, "quant");

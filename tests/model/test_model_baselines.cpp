@@ -9,6 +9,7 @@
 //   * the new parameters are off by default, save/load stays bit-exact, errors are named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -119,7 +120,7 @@ TEST(ModelBaselines, QuantisedMlpEqualsFakeQuantLinearCompositionBitwise) {
   for (om::ModelConfig cfg : configs()) {
     const auto m = random_model<double>(cfg, 41);
     const auto ids = tokens(kB * kT, 42, cfg.vocab_size);
-    const oasis::WAQuantConfig qc = oasis::wa_preset("W6A6");
+    const oasis::WAQuantConfig qc = oasis::wa_preset("W6A6-dynamic");
     om::ForwardOptions fo;
     fo.trace = true;
     fo.quant = &qc;
@@ -149,7 +150,7 @@ TEST(ModelBaselines, QuantisedGatedAttentionEqualsFakeQuantLinearCompositionBitw
     cfg.gated_attention = true;
     const auto m = random_model<double>(cfg, 45);
     const auto ids = tokens(kB * kT, 46, cfg.vocab_size);
-    const oasis::WAQuantConfig qc = oasis::wa_preset("W4A4");
+    const oasis::WAQuantConfig qc = oasis::wa_preset("W4A4-dynamic");
     om::ForwardOptions fo;
     fo.trace = true;
     fo.quant = &qc;
@@ -192,7 +193,7 @@ TEST(ModelBaselines, QuantisationErrorGrowsAsBitsShrink) {
     const auto ids = tokens(kB * kT, 52, cfg.vocab_size);
     const auto ref = m.forward(ids, kB, kT);
     std::vector<double> err;
-    for (const char* p : {"W8A8", "W6A6", "W4A4"}) {
+    for (const char* p : {"W8A8-dynamic", "W6A6-dynamic", "W4A4-dynamic"}) {
       const oasis::WAQuantConfig qc = oasis::wa_preset(p);
       om::ForwardOptions fo;
       fo.quant = &qc;
@@ -340,7 +341,7 @@ TEST(ModelBaselines, DefaultsOffInitUnchangedSaveLoadBitExact) {
 TEST(ModelBaselines, ErrorBoundWithBaselinesOrQuantisationIsRejected) {
   om::ModelConfig cfg = tiny(Variant::oasis, om::RouterFamily::kimi_full);
   const auto ids = tokens(kB * kT, 94, cfg.vocab_size);
-  const oasis::WAQuantConfig qc = oasis::wa_preset("W8A8");
+  const oasis::WAQuantConfig qc = oasis::wa_preset("W8A8-dynamic");
   auto arg = [&](const om::ModelConfig& c, const oasis::WAQuantConfig* q) -> std::string {
     om::ForwardOptions fo;
     fo.error_u = oasis::unit_roundoff<float>();
@@ -355,4 +356,38 @@ TEST(ModelBaselines, ErrorBoundWithBaselinesOrQuantisationIsRejected) {
   s.prefix_sink = true;
   EXPECT_EQ(arg(s, nullptr), "error_u");
   EXPECT_EQ(arg(cfg, nullptr), "(no error)");
+}
+
+TEST(ModelBaselines, CalibratedPresetNeedsCalibrationAndFixesItsRanges) {
+  // bondarenko-W8A8 (docs/baselines.md): static activation ranges from calibration forwards.
+  om::ModelConfig cfg = tiny(Variant::oasis, om::RouterFamily::kimi_full);
+  const auto m = random_model<double>(cfg, 61);
+  const auto calib = tokens(kB * kT, 62, cfg.vocab_size), ids = tokens(kB * kT, 63, cfg.vocab_size);
+  oasis::WAQuantConfig qc = oasis::wa_preset("bondarenko-W8A8");
+  om::ForwardOptions fo;
+  fo.quant = &qc;
+  EXPECT_EQ(thrown_argument([&] { m.forward(ids, kB, kT, fo); }), "calibration");  // none attached
+  oasis::ActivationCalibration cal;
+  qc.calibration = &cal;
+  m.forward(calib, kB, kT, fo);
+  const std::size_t sites = cal.sites.size();
+  EXPECT_GT(sites, 0u);
+  m.forward(calib, kB, kT, fo);
+  EXPECT_EQ(cal.sites.size(), sites);  // one site per activation quantiser, reused every pass
+  EXPECT_EQ(cal.sites[0].batches, 2);
+  cal.frozen = true;
+  const auto a = m.forward(ids, kB, kT, fo), b = m.forward(ids, kB, kT, fo);
+  const auto ref = m.forward(ids, kB, kT);
+  double diff = 0;
+  for (index_t i = 0; i < ref.logits.size(); ++i) {
+    EXPECT_EQ(a.logits[i], b.logits[i]);  // frozen ranges: the evaluation does not move them
+    diff = std::max(diff, std::abs(a.logits[i] - ref.logits[i]));
+  }
+  EXPECT_EQ(cal.sites[0].batches, 2);
+  EXPECT_GT(diff, 0.0);
+  // A frozen pass of a model with more linear layers than were calibrated is refused by name.
+  om::ModelConfig bigger = cfg;
+  bigger.n_blocks += 1;
+  const auto m2 = random_model<double>(bigger, 64);
+  EXPECT_EQ(thrown_argument([&] { m2.forward(ids, kB, kT, fo); }), "calibration");
 }

@@ -149,13 +149,14 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
 }
 
 /// linear() with optional fake weight-activation quantisation (oasis/quant.hpp):
-/// y = linear(Q_A(x), Q_W(W)), dynamic min-max ranges over the rows of this call. quant null:
+/// y = linear(Q_A(x), Q_W(W)): Q_A = oasis::quantize_activation (dynamic ranges over the rows of
+/// this call, or the next calibrated site), Q_W by the weight scheme's range rule. quant null:
 /// exactly linear(in, W, em). No error bound is derived for the quantised form (em must be off).
 template <class T>
 Rows<T> qlinear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em, const WAQuantConfig* quant) {
   if (!quant) return linear(in, W, em);
   OASIS_REQUIRE(!em.on(), "error_u", "no forward error bound is derived for fake-quantised linear layers");
-  return linear(Rows<T>{fake_quantize(in.x, quant->activations), {}}, fake_quantize(W, quant->weights), em);
+  return linear(Rows<T>{quantize_activation(in.x, *quant), {}}, fake_quantize(W, quant->weights), em);
 }
 
 /// Storage rounding: a model that computes each step in T but stores the activations it hands to
@@ -485,7 +486,7 @@ AttentionSublayer<T> attention_sublayer(const Rows<T>& h, index_t B, index_t Tn,
   if (W.gate_w) {
     OASIS_REQUIRE(!em.on(), "error_u", "no forward error bound is derived for gated attention");
     const index_t H = cfg.n_heads, dh = cfg.head_dim();
-    const Tensor<T> x = so.quant ? fake_quantize(xn.x, so.quant->activations) : xn.x;
+    const Tensor<T> x = so.quant ? quantize_activation(xn.x, *so.quant) : xn.x;
     const Tensor<T> w = so.quant ? fake_quantize(*W.gate_w, so.quant->weights) : *W.gate_w;
     r.gates = head_gates(x.reshaped({B, Tn, xn.w()}), w, W.gate_b ? *W.gate_b : Tensor<T>());
     // out_{b,h,t} = G_{b,h,t} A_{b,h,t} (one product per entry, as oasis::gated_attention).

@@ -134,9 +134,11 @@ struct ForwardOptions {
   double error_u = 0;
   /// Fake weight-activation quantisation (oasis/quant.hpp; null: off, bit-identical to no hook).
   /// Every linear layer of the blocks (q, k, v, o, gate, up, down and the attention head gate)
-  /// runs as linear(Q_A(x), Q_W(W)) with dynamic min-max ranges over the call's rows; the
-  /// embedding, LM head, norms, routers and sink parameters stay in full precision. The pointee
-  /// must outlive the call. Not combinable with error_u.
+  /// runs as linear(Q_A(x), Q_W(W)) (oasis::qlinear: dynamic ranges over the call's rows, or
+  /// calibrated static ranges through quant->calibration, one site per activation quantiser in
+  /// forward order; each forward is one calibration or evaluation pass); the embedding, LM head,
+  /// norms, routers and sink parameters stay in full precision. The pointee must outlive the
+  /// call. Not combinable with error_u.
   const WAQuantConfig* quant = nullptr;
   bool trace_probs = false;  ///< with trace: keep the attention probabilities (SublayerTrace::attn_probs)
   /// Storage rounding (layers.hpp StoreFn; null: off): every activation handed from one step to the
@@ -397,6 +399,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
                 "no forward error bound is derived with fake quantisation, storage rounding, gated attention or the prefix sink");
   const ErrorModel em{opt.error_u};
   const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs, opt.store};
+  if (opt.quant && opt.quant->calibration) opt.quant->calibration->begin_pass();
   const StoreFn store = opt.store;
   auto stored = [store](Rows<T> r) { store_values(r.x, store); return r; };
   store_values(x0.x, store);
@@ -485,6 +488,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
     }
   }
 
+  if (opt.quant && opt.quant->calibration) opt.quant->calibration->end_pass();
   const Rows<T>& state = slot[static_cast<std::size_t>(schedule_.state)].v;
   const Rows<T> logits = stored(head(state, em));
   res.logits = detail::to_btd(logits.x, B, Tn);

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -424,8 +425,24 @@ BENCHMARK(BM_Ceiling_Triad)->Name("BM_Ceiling_Triad_end")->Arg(16 << 20)->Unit(b
 
 }  // namespace oasis_bench
 
+namespace oasis_bench {
+// The CPU's vendor id and model name as /proc/cpuinfo gives them ("unknown" elsewhere): the
+// ratios of the fast kernels to the ceilings differ between micro-architectures.
+std::string cpuinfo_field(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.compare(0, key.size(), key) == 0 && line.find(':') != std::string::npos) {
+      const std::size_t v = line.find_first_not_of(" \t", line.find(':') + 1);
+      return v == std::string::npos ? "" : line.substr(v);
+    }
+  return "unknown";
+}
+}  // namespace oasis_bench
+
 int main(int argc, char** argv) {
   omp_set_num_threads(oasis_bench::threads());
+  benchmark::AddCustomContext("cpu_vendor", oasis_bench::cpuinfo_field("vendor_id"));
+  benchmark::AddCustomContext("cpu_model", oasis_bench::cpuinfo_field("model name"));
   benchmark::AddCustomContext("threads", std::to_string(oasis_bench::threads()));
   benchmark::AddCustomContext("cpu_fast_isa", std::string(oasis::cpu_fast::isa()));
   benchmark::AddCustomContext("eigen_simd_ceiling", oasis_bench::eigen_simd());

@@ -9,6 +9,11 @@ the load of a shared machine. GPU.json: bench_cuda's output and the SDPA step's
 the GPU section gives each rate over the device's same-run ceilings (copy, cuBLAS bf16 GEMM) and
 the tensor-core kernel's rate over SDPA's. --gpu-summary writes the GPU section alone (the GPU
 run's summary, scripts/gpu/run.sh).
+
+Context lines "host kind=..." (CPU vendor, model name, family and model) and "cpu=..." name the
+host. The section "Ratios per host kind" has one table per kind: this run's replaces the table of
+the same kind that OUT.md already has, and the tables of other kinds in OUT.md are kept as they
+are (each says where and when it was measured), so one file carries every kind measured.
 """
 import json
 import re
@@ -126,6 +131,66 @@ def targets(cpu, single):
     return "\n".join(lines)
 
 
+# (benchmark prefix, label, counter, ceiling prefix, target) of the per-host-kind table
+HOST_ROWS = [(f"BM_Attention_fast/{t}/{d}/", f"fused causal Softmax1 forward, T={t}, d_h={d}", "GFLOP/s",
+              "BM_Ceiling_GemmF32", 0.8) for t in (1024, 4096) for d in (64, 128)] + \
+    [(f"BM_Attention_backward_fast/{t}/{d}/", f"its backward, T={t}, d_h={d}", "GFLOP/s", "BM_Ceiling_GemmF32", 0.8)
+     for t in (1024, 4096) for d in (64, 128)] + \
+    [(f"BM_Route_fast/{n}/", f"depth routing, {n} sources, d=2048", "GB/s", "BM_Ceiling_Triad", 0.7)
+     for n in (8, 16, 32, 64)]
+HOST_BEGIN, HOST_END = "<!-- host-kind: ", "<!-- /host-kind -->"
+
+
+def first_ratio(data, bench, counter, ceiling_prefix):
+    """counter of bench over the first same-run ceiling (as the tables)."""
+    b = find(data, bench) if data else None
+    c = find(data, ceiling_prefix + "/") if data else None
+    if not b or not c or counter not in b or not c.get(counter):
+        return None
+    return b[counter] / c[counter]
+
+
+def host_block(kind, ctx, cpu, single):
+    """This run's table of ratios to the same-run ceilings, marked as host kind `kind`."""
+    threads = cpu.get("context", {}).get("threads", "?")
+    lines = [f"{HOST_BEGIN}{kind} -->", f"### {kind}", "",
+             f"Measured {ctx.get('date (UTC)', '?')} UTC at commit {ctx.get('commit', '?')} "
+             f"(`{ctx.get('command', 'scripts/bench.sh')}`), {ctx.get('machine', '')}; fast-path ISA "
+             f"{cpu.get('context', {}).get('cpu_fast_isa', '?')}; load average before / after "
+             f"{ctx.get('load average (1, 5, 15 min) before / after', '?')}.", "",
+             f"| benchmark | target | {threads} threads, wall time | 1 thread, CPU time |", "|---|---:|---:|---:|"]
+    for prefix, label, counter, ceiling, goal in HOST_ROWS:
+        r = first_ratio(cpu, prefix, counter, ceiling)
+        r1 = first_ratio(single, prefix, counter + "_cpu", ceiling)
+        if r is None and r1 is None:
+            continue
+        of = "GEMM" if "Gemm" in ceiling else "triad"
+        fmt = lambda x: f"{x:.2f}" if x is not None else "-"
+        lines.append(f"| {label} | >= {goal} of {of} | {fmt(r)} | {fmt(r1)} |")
+    lines.append(HOST_END)
+    return "\n".join(lines)
+
+
+def host_blocks(path):
+    """The host-kind tables of an existing OUT.md, {kind: text}, in file order."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return {}
+    out = {}
+    pos = 0
+    while True:
+        i = text.find(HOST_BEGIN, pos)
+        if i < 0:
+            return out
+        j = text.find(HOST_END, i)
+        if j < 0:
+            return out
+        kind = text[i + len(HOST_BEGIN):text.find(" -->", i)]
+        out[kind] = text[i:j + len(HOST_END)]
+        pos = j
+
+
 def gpu_section(datas):
     """The GPU tables and targets from bench_cuda's JSON and the SDPA step's (any order)."""
     bench = {"benchmarks": [b for d in datas for b in d.get("benchmarks", []) if not b["name"].startswith("SDPA")]}
@@ -210,11 +275,21 @@ def main():
         k, _, v = c.partition("=")
         md.append(f"- **{k}**: {v}")
     cctx = cpu.get("context", {})
-    md.append(f"- **Google Benchmark context**: {cctx.get('num_cpus')} CPUs at {cctx.get('mhz_per_cpu')} MHz, "
+    md.append(f"- **Google Benchmark context**: {cctx.get('cpu_model', '?')} ({cctx.get('cpu_vendor', '?')}), "
+              f"{cctx.get('num_cpus')} CPUs at {cctx.get('mhz_per_cpu')} MHz, "
               f"load average at start {cctx.get('load_avg')}, threads {cctx.get('threads')}, "
               f"fast-path ISA {cctx.get('cpu_fast_isa')}, ceiling Eigen SIMD: {cctx.get('eigen_simd_ceiling')}")
-    md += ["", "## Targets", "", targets(cpu, single), "", "## CPU, %s threads" % cctx.get("threads", "?"), "",
-           table(rows(cpu)), ""]
+    md += ["", "## Targets", "", targets(cpu, single), ""]
+    ctx_map = dict(c.partition("=")[::2] for c in ctx)
+    kind = ctx_map.get("host kind", "unnamed host")
+    blocks = host_blocks(out)
+    blocks[kind] = host_block(kind, ctx_map, cpu, single)
+    md += ["## Ratios per host kind", "",
+           "One table per kind of host measured, each rate over the ceiling of its own run (the first "
+           "measurement); this run's kind is regenerated, the others are kept from earlier runs.", ""]
+    for k in [kind] + [k for k in blocks if k != kind]:
+        md += [blocks[k], ""]
+    md += ["## CPU, %s threads" % cctx.get("threads", "?"), "", table(rows(cpu)), ""]
     if single:
         sctx = single.get("context", {})
         md += ["## CPU, 1 thread: ratios from process CPU time (less sensitive to the shared machine's load)", "",

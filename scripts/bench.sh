@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the micro-benchmarks (CPU; GPU when a device and bench/cuda's benchmarks are present) and
-# writes docs/benchmarks.md: machine, date, load, the performance targets, the tables, and the notes
-# (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them. A second run with
+# writes docs/benchmarks.md: machine (CPU vendor and model), date, load, the performance targets,
+# this host kind's table of ratios (the other kinds' tables already in the file are kept), the
+# tables, and the notes (bench/benchmarks_notes.md). Benchmarks are not tests; ctest never runs them. A second run with
 # one thread (fast kernels and ceilings only) adds ratios from process CPU time, which a busy
 # shared machine distorts less (docs/benchmarks.md, "Measurement conditions").
 #
@@ -48,9 +49,15 @@ if [ "$have_gpu" = 1 ] && [ -d "$BUILD/bench/cuda" ]; then
   done
 fi
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+cpu_field() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
+# the host kind names one table of docs/benchmarks.md ("Ratios per host kind"): vendor, model name,
+# family and model (a VM's model name can hide the generation; family and model do not)
+cpu_vendor=$(cpu_field vendor_id)
+host_kind="$cpu_model ($cpu_vendor, family $(cpu_field 'cpu family'), model $(cpu_field model))"
 gpu_name=$( (nvidia-smi -L 2>/dev/null || true) | head -1)
 python3 bench/make_table.py docs/benchmarks.md bench/benchmarks_notes.md "$OUT/cpu.json" "${single[@]}" "${gpu_json[@]}" -- \
   "date (UTC)=$(date -u '+%Y-%m-%d %H:%M')" \
+  "host kind=$host_kind" \
   "machine=$cpu_model, $(nproc) logical CPUs, $(free -g | awk '/Mem:/{print $2}') GiB RAM${gpu_name:+; GPU: $gpu_name}" \
   "compiler=$(${CXX:-c++} --version | head -1)" \
   "threads=$OASIS_BENCH_THREADS (OpenMP and Eigen)" \

@@ -8,6 +8,7 @@ constexpr int W = 4;
 typedef float V __attribute__((vector_size(16)));
 typedef int VI __attribute__((vector_size(16)));
 static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return a * b + c; }
+static inline __attribute__((always_inline)) V splat(float x) { return V{x, x, x, x}; }
 constexpr int MR = 4, NC = 2;
 #define ISA_NAME "generic"
 #include "fast_kernels_impl.inc"

@@ -2,6 +2,9 @@
 // reference over random shapes, masks, GQA; structural identities; bad input.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
 #include "oasis/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
@@ -200,6 +203,43 @@ TEST(Attention, BadInputNamesTheArgument) {
   AttentionOptions o3;
   o3.scale = -1.0;
   EXPECT_EQ(thrown_argument([&] { token_attention(q, k, v, o3); }), "scale");
+}
+
+// require_finite (q, k, v of every attention call) names the first non-finite element wherever it
+// lies: in the first block of its branch-free scan, at a block boundary, in a later block, in the
+// tail after the last whole block, with a later bad value present; and accepts finite extremes.
+template <class T>
+void expect_first_non_finite_named() {
+  const index_t n = 3 * 1024 + 37;
+  const T special[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                       -std::numeric_limits<T>::infinity()};
+  Tensor<T> finite({n});
+  for (index_t i = 0; i < n; ++i) finite[i] = static_cast<T>(i % 7) - T(3);
+  finite[1] = std::numeric_limits<T>::max();
+  finite[2] = -std::numeric_limits<T>::max();
+  finite[3] = std::numeric_limits<T>::denorm_min();
+  finite[4] = -T(0);
+  EXPECT_NO_THROW(require_finite(finite, "x"));
+  for (const index_t at : {index_t{0}, index_t{5}, index_t{1023}, index_t{1024}, index_t{2500}, n - 30, n - 1})
+    for (const T bad : special) {
+      Tensor<T> x = finite;
+      x[at] = bad;
+      if (at + 100 < n) x[at + 100] = std::numeric_limits<T>::quiet_NaN();  // a later one is not named
+      std::string what;
+      try {
+        require_finite(x, "x");
+      } catch (const invalid_argument& e) {
+        EXPECT_EQ(e.argument(), "x");
+        what = e.what();
+      }
+      EXPECT_NE(what.find("at flat index " + std::to_string(at)), std::string::npos)
+          << "bad value " << bad << " at " << at << ": " << (what.empty() ? "(no error)" : what);
+    }
+}
+
+TEST(Attention, RequireFiniteNamesTheFirstNonFiniteElement) {
+  expect_first_non_finite_named<float>();
+  expect_first_non_finite_named<double>();
 }
 
 // SPEC §8: a sliding window, an additive bias and the [B, T, H, d] layout.

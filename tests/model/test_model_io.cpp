@@ -148,7 +148,7 @@ TEST(ModelIo, MetadataNeedsOnlyWhatDiffersFromTheDefaults) {
   EXPECT_EQ(arg, "oasis.rope_layout");
   EXPECT_NE(what.find("oasis.rope,"), std::string::npos) << what;
   EXPECT_EQ(with("oasis.block_sizes", "2,x").first, "oasis.block_sizes");
-  EXPECT_EQ(with("oasis.block_sizes", "2,2,1").first, "block_sizes");  // sums to 5, the model has 6 sublayers
+  EXPECT_EQ(with("oasis.block_sizes", "2,2,1").first, "oasis.block_sizes");  // sums to 5, the model has 6 sublayers
   EXPECT_EQ(with("oasis.norm_float32", "yes").first, "oasis.norm_float32");
   EXPECT_EQ(with("oasis.format", "oasis-model-9").first, "oasis.format");
   std::remove(path.c_str());
@@ -175,14 +175,14 @@ TEST(ModelIo, SizesBeyondTheFileAreRefusedBeforeAllocation) {
   const std::string p40 = std::to_string(std::int64_t(1) << 40), p62 = std::to_string(std::int64_t(1) << 62);
   EXPECT_EQ(with({{"oasis.n_blocks", "1000000000"}}), "oasis.n_blocks");
   EXPECT_EQ(with({{"oasis.n_blocks", "100000"}}), "oasis.n_blocks");
-  EXPECT_EQ(with({{"oasis.n_blocks", "9223372036854775807"}}), "n_blocks");  // 2 n_blocks overflows: validate()
+  EXPECT_EQ(with({{"oasis.n_blocks", "9223372036854775807"}}), "oasis.n_blocks");  // 2 n_blocks overflows: validate()
   EXPECT_EQ(with({{"oasis.vocab_size", p40}}), "oasis.vocab_size");
-  EXPECT_EQ(with({{"oasis.d_ff", p62}}), "d_ff");  // d_ff d_model overflows: validate()
+  EXPECT_EQ(with({{"oasis.d_ff", p62}}), "oasis.d_ff");  // d_ff d_model overflows: validate()
   EXPECT_EQ(with({{"oasis.d_ff", p40}}), "oasis.d_ff");
-  EXPECT_EQ(with({{"oasis.vocab_size", p40}, {"oasis.d_model", p40}}), "vocab_size");
+  EXPECT_EQ(with({{"oasis.vocab_size", p40}, {"oasis.d_model", p40}}), "oasis.vocab_size");
   EXPECT_EQ(with({{"oasis.d_head", p40}}), "oasis.d_head");
-  EXPECT_EQ(with({{"oasis.d_model", p62}, {"oasis.d_head", "2"}}), "vocab_size");
-  EXPECT_EQ(with({{"oasis.block_sizes", p62 + "," + p62}, {"oasis.router", "kimi_block"}}), "block_sizes");
+  EXPECT_EQ(with({{"oasis.d_model", p62}, {"oasis.d_head", "2"}}), "oasis.vocab_size");
+  EXPECT_EQ(with({{"oasis.block_sizes", p62 + "," + p62}, {"oasis.router", "kimi_block"}}), "oasis.block_sizes");
   // Weights stored as integers: named (the shapes are right).
   oio::TensorMap ints = good;
   Tensor<double> zeros(ints.at("norm.weight").values.shape());

@@ -94,8 +94,8 @@ inline std::map<std::string, std::string> config_metadata(const ModelConfig& c) 
 /// d_model, n_blocks, d_ff, n_kv_heads and d_head default to what the tensor shapes in `shapes`
 /// say (embed_tokens.weight, layers.{b}.*, q/k projections); n_heads has no default. The
 /// coupling keys (centring, headless, beta_max, score_clamp) override the router's default
-/// convention one by one. A malformed value, an unknown "oasis.*" key or a missing n_heads throws
-/// naming "oasis.<field>"; keys without the "oasis." prefix are not ours and are ignored.
+/// convention one by one. A malformed value, an unknown "oasis.*" key, a missing n_heads or a
+/// value ModelConfig::validate rejects throws naming "oasis.<field>"; keys without the "oasis." prefix are not ours and are ignored.
 inline ModelConfig config_from_metadata(const std::map<std::string, std::string>& m, const ShapeMap& shapes = {}) {
   for (const auto& [key, value] : m) {
     (void)value;
@@ -213,7 +213,15 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   if (has("prefix_sink")) c.prefix_sink = flag("prefix_sink");
   if (has("init_std")) c.init_std = real("init_std");
   if (has("theta_init")) c.theta_init = real("theta_init");
-  c.validate();
+  try {
+    c.validate();
+  } catch (const invalid_argument& e) {
+    // The fields are metadata keys here: name them as the file does ("oasis.n_blocks").
+    const auto& known = metadata_keys();
+    if (std::find(known.begin(), known.end(), e.argument()) == known.end()) throw;
+    const std::string prefix = "oasis: argument '" + e.argument() + "': ", what = e.what();
+    throw invalid_argument("oasis." + e.argument(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+  }
   return c;
 }
 

@@ -22,6 +22,7 @@
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
 #include "parity_bound.hpp"
+#include "replay.hpp"
 
 using namespace oasis;
 using R = mp50;
@@ -162,6 +163,10 @@ TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
     ASSERT_EQ(fast.probs.empty(), !c.probs);
     const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
     EXPECT_TRUE(o.ok) << c.name << ": " << o.violations << " violations\n" << o.first;
+    if (!o.ok)
+      replay::write("CpuFastParity." + std::string(c.name) + "." + isa,
+                    replay::attention_case(in.q, in.k, in.v, opt, fast, mp, std::string(c.name) + " isa " + isa + ": " +
+                                                                               std::to_string(o.violations) + " violations\n" + o.first));
     RecordProperty("worst_ratio_" + isa, std::to_string(o.worst_ratio));
 
     // rows without a visible key are exact: out 0, p_null 1 / LSE1 = s (softmax1), LSE -inf (softmax)

@@ -183,6 +183,21 @@ TEST(ModelIo, SizesBeyondTheFileAreRefusedBeforeAllocation) {
   EXPECT_EQ(with({{"oasis.d_head", p40}}), "oasis.d_head");
   EXPECT_EQ(with({{"oasis.d_model", p62}, {"oasis.d_head", "2"}}), "oasis.vocab_size");
   EXPECT_EQ(with({{"oasis.block_sizes", p62 + "," + p62}, {"oasis.router", "kimi_block"}}), "oasis.block_sizes");
+  // n_heads far beyond the file with grouped kv heads to derive: no overflow in the derivation
+  // (the sanitizer lane's UBSan would report one), the inconsistency is named.
+  {
+    om::ModelConfig g = c;
+    g.n_kv_heads = 1;
+    oio::TensorMap gt;
+    const auto gm = random_model<double>(g, 901);
+    for (const auto& [name, v] : gm.parameters()) gt[name] = oio::StoredTensor{oio::DType::f64, v};
+    auto md = om::config_metadata(g);
+    md.erase("oasis.n_kv_heads");
+    md.erase("oasis.d_head");
+    md["oasis.n_heads"] = p62;
+    oio::write_safetensors(path, gt, md);
+    EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "oasis.d_head");
+  }
   // Weights stored as integers: named (the shapes are right).
   oio::TensorMap ints = good;
   Tensor<double> zeros(ints.at("norm.weight").values.shape());

@@ -58,8 +58,11 @@ Outcome run_cli(const std::vector<std::string>& args, const std::string& log) {
   Outcome o;
   const pid_t pid = fork();
   if (pid == 0) {
-    const rlimit as{kAddressSpace, kAddressSpace}, cpu{kCpuSeconds, kCpuSeconds};
-    setrlimit(RLIMIT_AS, &as);
+    const rlimit cpu{kCpuSeconds, kCpuSeconds};
+#if !defined(__SANITIZE_ADDRESS__)
+    const rlimit as{kAddressSpace, kAddressSpace};
+    setrlimit(RLIMIT_AS, &as);  // AddressSanitizer reserves terabytes of address space for its shadow
+#endif
     setrlimit(RLIMIT_CPU, &cpu);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);

@@ -166,7 +166,7 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   else if (wq && wq->size() == 2 && (*wq)[0] != c.d_model && (*wq)[0] % c.n_heads == 0) c.d_head = (*wq)[0] / c.n_heads;
   if (has("n_kv_heads")) c.n_kv_heads = integer("n_kv_heads");
   else if (wq && wk && wq->size() == 2 && wk->size() == 2 && (*wk)[0] != (*wq)[0] && (*wq)[0] > 0 &&
-           ((*wk)[0] * c.n_heads) % (*wq)[0] == 0)
+           (*wk)[0] <= INT64_MAX / c.n_heads && ((*wk)[0] * c.n_heads) % (*wq)[0] == 0)
     c.n_kv_heads = (*wk)[0] * c.n_heads / (*wq)[0];
   c.d_ff = size("d_ff", "layers.0.mlp.gate_proj.weight", 0);
   if (has("variant")) c.variant = parse_variant(get("variant"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Soak the property and parity families with fresh random seeds, beyond CI's fixed one:
 #   scripts/soak.sh MINUTES [BUILD_DIR]        (default 10 minutes, build/; the build must exist)
-# Rounds repeat until MINUTES have passed. Each round draws a seed S, prints it, and runs every
+# Rounds repeat until MINUTES have passed (a round started in time is finished). Each round draws a seed S, prints it, and runs every
 # test labelled "property" or "parity" (one process per test program, its ctest filter) with
 #   RC_PARAMS="seed=S max_success=100"   (rapidcheck; ctest pins seed=20261129)
 #   OASIS_TEST_SEED=S                    (tests/support/oasis_random.hpp, make_rng)
@@ -46,6 +46,7 @@ while True:
     seed = random.SystemRandom().randrange(1, 2**31)
     rounds += 1
     print(f"soak: round {rounds} seed {seed}", flush=True)
+    t0 = time.time()
     for (exe, other), prog in sorted(programs.items()):
         env = dict(os.environ, **prog["env"])
         env["RC_PARAMS"] = f"seed={seed} max_success=100"
@@ -57,8 +58,7 @@ while True:
             print(r.stdout[-6000:] + r.stderr[-2000:])
             print(f"soak: FAILED {os.path.basename(exe)} with seed {seed}; rerun: "
                   f"RC_PARAMS='seed={seed} max_success=100' OASIS_TEST_SEED={seed} {' '.join(cmd)}", flush=True)
-        if time.time() > deadline:
-            break
+    print(f"soak: round {rounds} seed {seed} done ({time.time() - t0:.0f} s)", flush=True)
     if time.time() > deadline:
         break
 print(f"soak: {rounds} rounds, {len(failed)} failures" + "".join(f"\n  seed {s}: {e}" for s, e in failed))

@@ -94,8 +94,8 @@ inline std::map<std::string, std::string> config_metadata(const ModelConfig& c) 
 /// d_model, n_blocks, d_ff, n_kv_heads and d_head default to what the tensor shapes in `shapes`
 /// say (embed_tokens.weight, layers.{b}.*, q/k projections); n_heads has no default. The
 /// coupling keys (centring, headless, beta_max, score_clamp) override the router's default
-/// convention one by one. A malformed value, an unknown "oasis.*" key, a missing n_heads or a
-/// value ModelConfig::validate rejects throws naming "oasis.<field>"; keys without the "oasis." prefix are not ours and are ignored.
+/// convention one by one. A malformed value, an unknown "oasis.*" key or a missing n_heads throws
+/// naming "oasis.<field>"; keys without the "oasis." prefix are not ours and are ignored.
 inline ModelConfig config_from_metadata(const std::map<std::string, std::string>& m, const ShapeMap& shapes = {}) {
   for (const auto& [key, value] : m) {
     (void)value;
@@ -213,15 +213,7 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   if (has("prefix_sink")) c.prefix_sink = flag("prefix_sink");
   if (has("init_std")) c.init_std = real("init_std");
   if (has("theta_init")) c.theta_init = real("theta_init");
-  try {
-    c.validate();
-  } catch (const invalid_argument& e) {
-    // The fields are metadata keys here: name them as the file does ("oasis.n_blocks").
-    const auto& known = metadata_keys();
-    if (std::find(known.begin(), known.end(), e.argument()) == known.end()) throw;
-    const std::string prefix = "oasis: argument '" + e.argument() + "': ", what = e.what();
-    throw invalid_argument("oasis." + e.argument(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
-  }
+  c.validate();
   return c;
 }
 
@@ -307,22 +299,30 @@ inline void require_config_fits_file(const ModelConfig& cfg, std::size_t n_tenso
 /// The model of `cfg` with the weights `file` (tensors by name; `path` says where they come from
 /// in the errors). rename: file name -> model name (names not in it are taken as they are).
 /// Every declared tensor is checked against the file — present, of a floating-point dtype, of the
-/// declared shape — and unexpected tensors are refused, all before the model is allocated;
-/// each failure throws naming the tensor (or the configuration field that does not fit).
+/// declared shape — and unexpected tensors are refused, all before the model is allocated (a
+/// declared size the file cannot hold is a shape mismatch, found without allocating); each
+/// failure throws naming the tensor.
 template <class T>
 Model<T> model_from_tensors(const ModelConfig& cfg, const io::TensorMap& file, const std::string& path,
                             const std::map<std::string, std::string>& rename = {}) {
   std::map<std::string, const io::StoredTensor*> by_model_name;
-  std::uint64_t max_numel = 0;
   for (const auto& [fname, st] : file) {
     const auto it = rename.find(fname);
     const std::string mname = it == rename.end() ? fname : it->second;
     OASIS_REQUIRE(!by_model_name.count(mname), mname, "given twice in ", path, " (after renaming)");
     by_model_name[mname] = &st;
-    max_numel = std::max<std::uint64_t>(max_numel, static_cast<std::uint64_t>(st.values.size()));
   }
   cfg.validate();
-  require_config_fits_file(cfg, file.size(), max_numel, path);
+  if (static_cast<std::uint64_t>(cfg.n_blocks) > file.size()) {
+    // More blocks than the file has tensors: some declared tensor is missing. Name the first one
+    // among the parameters of the first file.size() + 1 blocks (the same names, without building
+    // the whole list of a configuration that may declare 10^9 blocks).
+    ModelConfig head = cfg;
+    head.n_blocks = static_cast<index_t>(file.size()) + 1;
+    head.block_sizes.clear();
+    for (const ParamSpec& p : parameter_specs(head))
+      OASIS_REQUIRE(by_model_name.count(p.name), p.name, "missing from ", path, " (expected shape ", shape_str(p.shape), ")");
+  }
   const std::vector<ParamSpec> specs = parameter_specs(cfg);
   std::set<std::string> declared;
   for (const ParamSpec& p : specs) {
@@ -351,7 +351,8 @@ Model<T> load_model(const ModelConfig& cfg, const std::string& path,
 
 /// The model of a weights file held in memory (`name` says where it comes from in the errors):
 /// configuration from its metadata (config_from_metadata), sizes bounded by the file
-/// (require_config_fits_file, errors naming "oasis.<field>"), then model_from_tensors.
+/// (require_config_fits_file), then model_from_tensors; a size or field the file cannot hold or
+/// validate() rejects is named as its metadata key ("oasis.n_blocks").
 template <class T>
 Model<T> parse_model(const std::string& bytes, const std::string& name) {
   std::map<std::string, std::string> md;
@@ -362,7 +363,16 @@ Model<T> parse_model(const std::string& bytes, const std::string& name) {
     shapes[tname] = t.values.shape();
     max_numel = std::max<std::uint64_t>(max_numel, static_cast<std::uint64_t>(t.values.size()));
   }
-  const ModelConfig cfg = config_from_metadata(md, shapes);
+  ModelConfig cfg;
+  try {
+    cfg = config_from_metadata(md, shapes);
+  } catch (const invalid_argument& e) {
+    // A field ModelConfig::validate rejects is a metadata key here: name it as the file does.
+    const auto& known = metadata_keys();
+    if (std::find(known.begin(), known.end(), e.argument()) == known.end()) throw;
+    const std::string prefix = "oasis: argument '" + e.argument() + "': ", what = e.what();
+    throw invalid_argument("oasis." + e.argument(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+  }
   require_config_fits_file(cfg, file.size(), max_numel, name, "oasis.");
   return model_from_tensors<T>(cfg, file, name);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <numeric>
 #include <string>
@@ -25,13 +26,31 @@ inline std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-inline index_t shape_numel(const Shape& s, const char* arg = "shape") {
-  index_t n = 1;
-  for (index_t d : s) {
-    OASIS_REQUIRE(d >= 0, arg, "negative dimension in ", shape_str(s));
-    n *= d;
+/// Product of dimensions, or false when a dimension is negative or the product exceeds `cap`
+/// (checked, no overflow). The product of the non-zero dimensions must also fit index_t, so that
+/// no size computation on the shape can overflow, even for a shape such as [2^40, 2^40, 0].
+inline bool checked_numel(const Shape& shape, std::uint64_t cap, std::uint64_t* numel) {
+  std::uint64_t n = 1;
+  bool zero = false;
+  for (index_t d : shape) {
+    if (d < 0) return false;
+    if (d == 0) { zero = true; continue; }
+    const std::uint64_t ud = static_cast<std::uint64_t>(d);
+    if (n > static_cast<std::uint64_t>(INT64_MAX) / ud) return false;
+    n *= ud;
   }
-  return n;
+  *numel = zero ? 0 : n;
+  return *numel <= cap;
+}
+
+/// Number of elements of a shape; invalid_argument naming `arg` when a dimension is negative or
+/// the product does not fit index_t.
+inline index_t shape_numel(const Shape& s, const char* arg = "shape") {
+  for (index_t d : s) OASIS_REQUIRE(d >= 0, arg, "negative dimension in ", shape_str(s));
+  std::uint64_t n = 0;
+  OASIS_REQUIRE(checked_numel(s, static_cast<std::uint64_t>(INT64_MAX), &n), arg, "shape ", shape_str(s),
+                " has more elements than an index_t can count (the product of its dimensions overflows)");
+  return static_cast<index_t>(n);
 }
 
 template <class T>

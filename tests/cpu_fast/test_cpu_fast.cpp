@@ -22,6 +22,7 @@
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
 #include "parity_bound.hpp"
+#include "replay.hpp"
 
 using namespace oasis;
 using R = mp50;
@@ -143,6 +144,24 @@ bool fully_masked(const AttentionShape& s, const AttentionOptions& opt, index_t 
   return true;
 }
 
+// The parity rule over every output of an attention call (parity_bound.hpp) as an expectation;
+// a failure is also written as a replay (tests/support/replay.hpp) named after the test and ISA.
+fast_parity::Outcome expect_fast_parity(const std::string& isa, const Tensor<float>& q, const Tensor<float>& k,
+                                        const Tensor<float>& v, const AttentionOptions& opt,
+                                        const AttentionResult<float>& fast, const AttentionResult<float>& ref,
+                                        const AttentionResult<R>& mp) {
+  const fast_parity::Outcome o = fast_parity::check_attention(q, k, v, opt, fast, ref, mp);
+  EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
+  if (!o.ok) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "." + info->name() + "." + isa;
+    std::replace(name.begin(), name.end(), '/', '_');
+    replay::write(name, replay::attention_case(q, k, v, opt, fast, mp, name + ": " + std::to_string(o.violations) +
+                                                                         " parity violations\n" + o.first));
+  }
+  return o;
+}
+
 class Parity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
@@ -160,8 +179,7 @@ TEST_P(Parity, FastWithinTwiceReferenceErrorPlusFloorForEveryIsa) {
     cpu_fast::set_isa(isa);
     const AttentionResult<float> fast = cpu_fast::token_attention(in.q, in.k, in.v, opt);
     ASSERT_EQ(fast.probs.empty(), !c.probs);
-    const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
-    EXPECT_TRUE(o.ok) << c.name << ": " << o.violations << " violations\n" << o.first;
+    const fast_parity::Outcome o = expect_fast_parity(isa, in.q, in.k, in.v, opt, fast, ref, mp);
     RecordProperty("worst_ratio_" + isa, std::to_string(o.worst_ratio));
 
     // rows without a visible key are exact: out 0, p_null 1 / LSE1 = s (softmax1), LSE -inf (softmax)
@@ -676,8 +694,7 @@ void expect_overflow_ignored(const OverflowInputs& in, const OverflowInputs& cle
     EXPECT_TRUE(oasis::test::exactly_equal("lse", fast.lse, fast_clean.lse));
     EXPECT_TRUE(oasis::test::exactly_equal("p_null", fast.p_null, fast_clean.p_null));
     EXPECT_TRUE(oasis::test::exactly_equal("probs", fast.probs, fast_clean.probs));
-    const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
-    EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
+    expect_fast_parity(isa, in.q, in.k, in.v, opt, fast, ref, mp);
   }
 }
 
@@ -757,8 +774,7 @@ TEST(CpuFastOverflow, NegInfScoreIsAMaskedKeyLikeReference) {
       ASSERT_NO_THROW(fast = cpu_fast::token_attention(in.q, in.k, in.v, opt));
       EXPECT_EQ(fast.probs(0, 1, 0, 75), 0.0f);
       EXPECT_EQ(fast.probs(1, 0, 69, 3), 0.0f);
-      const fast_parity::Outcome o = fast_parity::check_attention(in.q, in.k, in.v, opt, fast, ref, mp);
-      EXPECT_TRUE(o.ok) << o.violations << " violations\n" << o.first;
+      expect_fast_parity(isa, in.q, in.k, in.v, opt, fast, ref, mp);
     }
   }
 }

@@ -19,6 +19,7 @@
 #include "oasis/multiprecision.hpp"
 #include "oasis_test.hpp"
 #include "parity_rule.hpp"
+#include "replay.hpp"
 #include "random_attention_case.hpp"
 #if defined(OASIS_HAVE_CUDA)
 #include "attention_dispatch.hpp"
@@ -133,10 +134,20 @@ TEST_P(BackendParity, LongSequence8kKeys) {
 // than the row, an additive bias of each broadcast shape with -inf masks and fully masked rows,
 // both layouts. Oracle: long double (u = 2^-64); rule: parity_rule.hpp. Fully masked rows must
 // be exact.
+// A violation also writes the case as a replay (tests/support/replay.hpp; rapidcheck's shrinking
+// overwrites it, so the files left are those of the last, smallest, failing case).
 std::string random_case_violation(Backend backend, const AttentionInputs& in) {
   const AttentionResult<float> got = token_attention(backend, in.q, in.k, in.v, in.opt);
   for (const ::testing::AssertionResult& r : attention_parity<long double>(got, in))
-    if (!r) return r.message();
+    if (!r) {
+      AttentionOptions hp_opt = in.opt;
+      hp_opt.return_probs = !got.probs.empty();
+      const AttentionResult<long double> hp =
+          token_attention(in.q.cast<long double>(), in.k.cast<long double>(), in.v.cast<long double>(), hp_opt);
+      const std::string config = replay::write("RandomShapeParity." + std::string(to_string(backend)),
+                                               replay::attention_case(in.q, in.k, in.v, in.opt, got, hp, r.message()));
+      return std::string(r.message()) + "\nreplay: oasis-verify compare " + config;
+    }
   return "";
 }
 

@@ -148,8 +148,81 @@ TEST(ModelIo, MetadataNeedsOnlyWhatDiffersFromTheDefaults) {
   EXPECT_EQ(arg, "oasis.rope_layout");
   EXPECT_NE(what.find("oasis.rope,"), std::string::npos) << what;
   EXPECT_EQ(with("oasis.block_sizes", "2,x").first, "oasis.block_sizes");
-  EXPECT_EQ(with("oasis.block_sizes", "2,2,1").first, "block_sizes");  // sums to 5, the model has 6 sublayers
+  EXPECT_EQ(with("oasis.block_sizes", "2,2,1").first, "oasis.block_sizes");  // sums to 5, the model has 6 sublayers
   EXPECT_EQ(with("oasis.norm_float32", "yes").first, "oasis.norm_float32");
   EXPECT_EQ(with("oasis.format", "oasis-model-9").first, "oasis.format");
   std::remove(path.c_str());
+}
+
+// Hostile metadata: sizes far beyond what the file holds are refused naming their key, before
+// any parameter is allocated or the parameter list is built (a file of a few KB declaring 10^9
+// blocks or a 2^40-row embedding); products that overflow index_t are refused by validate();
+// weights stored as integers are refused naming the tensor. Time and memory of these refusals
+// are bounded in tests/verify/test_hostile.cpp, which runs the CLI under rlimits.
+TEST(ModelIo, SizesBeyondTheFileAreRefusedBeforeAllocation) {
+  const om::ModelConfig c = tiny(Variant::oasis, om::RouterFamily::kimi_full, 2);
+  const auto m = random_model<double>(c, 900);
+  const std::string path = temp_path("hostile");
+  om::save_model(m, path);
+  const oio::TensorMap good = oio::read_safetensors(path);
+  const auto meta = om::config_metadata(c);
+  auto with = [&](std::map<std::string, std::string> changes) {
+    auto md = meta;
+    for (const auto& [k, v] : changes) md[k] = v;
+    oio::write_safetensors(path, good, md);
+    return thrown_argument([&] { om::load_model<double>(path); });
+  };
+  const std::string p40 = std::to_string(std::int64_t(1) << 40), p62 = std::to_string(std::int64_t(1) << 62);
+  EXPECT_EQ(with({{"oasis.n_blocks", "1000000000"}}), "oasis.n_blocks");
+  EXPECT_EQ(with({{"oasis.n_blocks", "100000"}}), "oasis.n_blocks");
+  EXPECT_EQ(with({{"oasis.n_blocks", "9223372036854775807"}}), "oasis.n_blocks");  // 2 n_blocks overflows: validate()
+  EXPECT_EQ(with({{"oasis.vocab_size", p40}}), "oasis.vocab_size");
+  EXPECT_EQ(with({{"oasis.d_ff", p62}}), "oasis.d_ff");  // d_ff d_model overflows: validate()
+  EXPECT_EQ(with({{"oasis.d_ff", p40}}), "oasis.d_ff");
+  EXPECT_EQ(with({{"oasis.vocab_size", p40}, {"oasis.d_model", p40}}), "oasis.vocab_size");
+  EXPECT_EQ(with({{"oasis.d_head", p40}}), "oasis.d_head");
+  EXPECT_EQ(with({{"oasis.d_model", p62}, {"oasis.d_head", "2"}}), "oasis.vocab_size");
+  EXPECT_EQ(with({{"oasis.block_sizes", p62 + "," + p62}, {"oasis.router", "kimi_block"}}), "oasis.block_sizes");
+  // n_heads far beyond the file with grouped kv heads to derive: no overflow in the derivation
+  // (the sanitizer lane's UBSan would report one), the inconsistency is named.
+  {
+    om::ModelConfig g = c;
+    g.n_kv_heads = 1;
+    oio::TensorMap gt;
+    const auto gm = random_model<double>(g, 901);
+    for (const auto& [name, v] : gm.parameters()) gt[name] = oio::StoredTensor{oio::DType::f64, v};
+    auto md = om::config_metadata(g);
+    md.erase("oasis.n_kv_heads");
+    md.erase("oasis.d_head");
+    md["oasis.n_heads"] = p62;
+    oio::write_safetensors(path, gt, md);
+    EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "oasis.d_head");
+  }
+  // Weights stored as integers: named (the shapes are right).
+  oio::TensorMap ints = good;
+  Tensor<double> zeros(ints.at("norm.weight").values.shape());
+  ints["norm.weight"] = oio::StoredTensor{oio::DType::i64, zeros};
+  oio::write_safetensors(path, ints, meta);
+  EXPECT_EQ(thrown_argument([&] { om::load_model<double>(path); }), "norm.weight");
+  // A configuration given apart from the file: the first declared tensor the file lacks or
+  // holds with another shape is named, without building the parameters (or their list) first.
+  om::ModelConfig big = c;
+  big.n_blocks = 1000000000;
+  EXPECT_EQ(thrown_argument([&] { om::model_from_tensors<double>(big, good, path); }), "layers.2.attn_res.query");
+  big = c;
+  big.vocab_size = std::int64_t(1) << 40;
+  EXPECT_EQ(thrown_argument([&] { om::model_from_tensors<double>(big, good, path); }), "embed_tokens.weight");
+  EXPECT_EQ(thrown_argument([&] { om::model_from_tensors<double>(c, oio::TensorMap{}, path); }), "embed_tokens.weight");
+  std::remove(path.c_str());
+}
+
+// Tensor(Shape) counts its elements with overflow-checked products: a shape whose product
+// overflows index_t is an error naming the shape, not undefined behaviour or a wrapped size.
+TEST(ModelIo, TensorShapeProductsAreOverflowChecked) {
+  const index_t p40 = index_t(1) << 40;
+  EXPECT_EQ(thrown_argument([&] { Tensor<double> t({p40, p40}); }), "shape");
+  EXPECT_EQ(thrown_argument([&] { Tensor<double> t({p40, p40, 0}); }), "shape");
+  EXPECT_EQ(thrown_argument([&] { Tensor<double> t({2, -1}); }), "shape");
+  EXPECT_EQ(oasis::shape_numel({p40, 0}), 0);
+  EXPECT_EQ(oasis::shape_numel({3, 5, 7}), 105);
 }

@@ -4,13 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 
 #include "oasis/tensor.hpp"
 
 namespace oasis::test {
 
-inline std::mt19937_64 make_rng(std::uint64_t salt) { return std::mt19937_64(20261129ULL * 1000003ULL + salt); }
+/// The base seed of every make_rng: 20261129 (CI's fixed seed), or $OASIS_TEST_SEED when set
+/// (scripts/soak.sh draws a fresh one per round and prints it; rerun a failure with that value).
+inline std::uint64_t base_seed() {
+  static const std::uint64_t s = [] {
+    const char* e = std::getenv("OASIS_TEST_SEED");
+    return e && *e ? std::strtoull(e, nullptr, 10) : 20261129ULL;
+  }();
+  return s;
+}
+
+inline std::mt19937_64 make_rng(std::uint64_t salt) { return std::mt19937_64(base_seed() * 1000003ULL + salt); }
 
 template <class T>
 Tensor<T> randn(Shape shape, std::mt19937_64& rng, double sd = 1.0, double mean = 0.0) {

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -280,25 +281,22 @@ inline void store_le(double x, DType d, std::string& out) {
   for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xFFu));
 }
 
-/// Product of dimensions, or false when it exceeds `cap` (checked, no overflow). The product
-/// of the non-zero dimensions must also fit index_t, so that Tensor's own size computation
-/// cannot overflow on a shape such as [2^40, 2^40, 0].
-inline bool checked_numel(const Shape& shape, std::uint64_t cap, std::uint64_t* numel) {
-  std::uint64_t n = 1;
-  bool zero = false;
-  for (index_t d : shape) {
-    if (d < 0) return false;
-    if (d == 0) { zero = true; continue; }
-    const std::uint64_t ud = static_cast<std::uint64_t>(d);
-    if (n > static_cast<std::uint64_t>(INT64_MAX) / ud) return false;
-    n *= ud;
-  }
-  *numel = zero ? 0 : n;
-  return *numel <= cap;
-}
+using oasis::checked_numel;  // oasis/tensor.hpp
 
-/// The whole file as bytes; format_error when it cannot be read.
+/// The whole file as bytes; format_error when it cannot be read. Regular files only (after
+/// following symbolic links): a directory, FIFO, socket or device is refused by name before it is
+/// opened, since a FIFO would block the reader and a directory or device has no size to read.
 inline std::string read_file_bytes(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    const char* kind = std::filesystem::is_directory(st) ? "a directory"
+                       : std::filesystem::is_fifo(st)    ? "a FIFO (named pipe)"
+                       : std::filesystem::is_socket(st)  ? "a socket"
+                       : std::filesystem::is_character_file(st) || std::filesystem::is_block_file(st) ? "a device"
+                                                                                                     : "a special file";
+    throw format_error(path, "", std::string("is ") + kind + ", not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw format_error(path, "", "cannot open file for reading");
   in.seekg(0, std::ios::end);

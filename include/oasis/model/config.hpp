@@ -17,6 +17,7 @@
 #include "oasis/depth.hpp"
 #include "oasis/error.hpp"
 #include "oasis/normalizer.hpp"
+#include "oasis/tensor.hpp"
 #include "oasis/variant.hpp"
 
 namespace oasis::model {
@@ -160,7 +161,7 @@ struct ModelConfig {
   void validate() const {
     OASIS_REQUIRE(vocab_size > 0, "vocab_size", "must be positive, got ", vocab_size);
     OASIS_REQUIRE(d_model > 0, "d_model", "must be positive, got ", d_model);
-    OASIS_REQUIRE(n_blocks > 0, "n_blocks", "must be positive, got ", n_blocks);
+    OASIS_REQUIRE(n_blocks > 0 && n_blocks <= INT64_MAX / 2, "n_blocks", "must be positive and 2 * n_blocks must fit index_t, got ", n_blocks);
     OASIS_REQUIRE(n_heads > 0, "n_heads", "must be positive, got ", n_heads);
     OASIS_REQUIRE(n_kv_heads >= 0 && kv_heads() > 0 && n_heads % kv_heads() == 0, "n_kv_heads",
                   "must divide n_heads = ", n_heads, ", got ", n_kv_heads);
@@ -176,12 +177,25 @@ struct ModelConfig {
       index_t total = 0;
       for (index_t k : block_sizes) {
         OASIS_REQUIRE(k >= 1, "block_sizes", "every block needs at least one sublayer, got ", k);
+        OASIS_REQUIRE(k <= n_sublayers() - total, "block_sizes", "sum to more than n_sublayers = 2 * n_blocks = ",
+                      n_sublayers());
         total += k;
       }
       OASIS_REQUIRE(total == n_sublayers(), "block_sizes", "sum to ", total, " but the model has n_sublayers = 2 * n_blocks = ",
                     n_sublayers());
     }
     OASIS_REQUIRE(authors_rank >= 0, "authors_rank", "must be >= 0, got ", authors_rank);
+    // Every parameter's element count must fit index_t (checked products: the shapes of
+    // parameter_specs multiply these sizes; the largest of each kind is listed).
+    auto fits = [](const char* field, const Shape& shape, const char* what) {
+      std::uint64_t n = 0;
+      OASIS_REQUIRE(checked_numel(shape, static_cast<std::uint64_t>(INT64_MAX), &n), field, "makes ", what, " ",
+                    shape_str(shape), " too large: its element count overflows index_t");
+    };
+    fits("vocab_size", {vocab_size, d_model}, "embed_tokens.weight");
+    fits("d_head", {n_heads, head_dim(), d_model}, "the q projection [n_heads, d_head, d_model] =");
+    fits("d_ff", {d_ff, d_model}, "the MLP projection");
+    fits("authors_rank", {authors_width(), d_model}, "the authors' router projection");
     OASIS_REQUIRE(std::isfinite(rope_theta) && rope_theta > 1, "rope_theta", "must be finite and > 1");
     OASIS_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps", "must be finite and positive");
     OASIS_REQUIRE(std::isfinite(key_norm.eps) && key_norm.eps > 0, "key_norm.eps", "must be finite and positive");

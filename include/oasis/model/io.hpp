@@ -166,7 +166,7 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
   else if (wq && wq->size() == 2 && (*wq)[0] != c.d_model && (*wq)[0] % c.n_heads == 0) c.d_head = (*wq)[0] / c.n_heads;
   if (has("n_kv_heads")) c.n_kv_heads = integer("n_kv_heads");
   else if (wq && wk && wq->size() == 2 && wk->size() == 2 && (*wk)[0] != (*wq)[0] && (*wq)[0] > 0 &&
-           ((*wk)[0] * c.n_heads) % (*wq)[0] == 0)
+           (*wk)[0] <= INT64_MAX / c.n_heads && ((*wk)[0] * c.n_heads) % (*wq)[0] == 0)
     c.n_kv_heads = (*wk)[0] * c.n_heads / (*wq)[0];
   c.d_ff = size("d_ff", "layers.0.mlp.gate_proj.weight", 0);
   if (has("variant")) c.variant = parse_variant(get("variant"));
@@ -273,9 +273,35 @@ void save_model(const Model<T>& model, const std::string& path, io::DType dtype 
   io::write_safetensors(path, out, config_metadata(model.config()));
 }
 
+/// The sizes of `cfg` bounded by what a weights file holds, checked before anything is
+/// allocated or a parameter list is built: every parameter of parameter_specs(cfg) must be one
+/// of the file's `n_tensors` tensors, so there are at most n_tensors blocks (each block has
+/// parameters), and must equal a tensor of the file in shape, so none has more elements than the
+/// file's largest tensor, `max_numel` (itself bounded by the file's bytes). Errors name
+/// prefix + field ("oasis." for a configuration read from the file's metadata).
+inline void require_config_fits_file(const ModelConfig& cfg, std::size_t n_tensors, std::uint64_t max_numel,
+                                     const std::string& path, const std::string& prefix = "") {
+  OASIS_REQUIRE(static_cast<std::uint64_t>(cfg.n_blocks) <= n_tensors, prefix + "n_blocks", "= ", cfg.n_blocks,
+                " declares more blocks than ", path, " has tensors (", n_tensors, ")");
+  auto bound = [&](const std::string& field, const Shape& shape, const char* param) {
+    std::uint64_t n = 0;
+    OASIS_REQUIRE(checked_numel(shape, max_numel, &n), prefix + field, "declares ", param, " of shape ",
+                  shape_str(shape), ", more elements than the largest tensor of ", path, " (", max_numel, ")");
+  };
+  bound("d_model", {cfg.d_model}, "norm.weight");
+  bound("vocab_size", {cfg.vocab_size, cfg.d_model}, "embed_tokens.weight");
+  bound(cfg.d_head ? "d_head" : "n_heads", {cfg.n_heads * cfg.head_dim(), cfg.d_model}, "layers.0.attn.q_proj.weight");
+  bound("d_ff", {cfg.d_ff, cfg.d_model}, "layers.0.mlp.gate_proj.weight");
+  if (cfg.attn_res() && cfg.router == RouterFamily::authors_code)
+    bound("authors_rank", {cfg.authors_width(), cfg.d_model}, "layers.0.attn_res.q_proj.weight");
+}
+
 /// The model of `cfg` with the weights `file` (tensors by name; `path` says where they come from
 /// in the errors). rename: file name -> model name (names not in it are taken as they are).
-/// Missing, mis-shaped, non-finite and unexpected tensors throw naming them.
+/// Every declared tensor is checked against the file — present, of a floating-point dtype, of the
+/// declared shape — and unexpected tensors are refused, all before the model is allocated (a
+/// declared size the file cannot hold is a shape mismatch, found without allocating); each
+/// failure throws naming the tensor.
 template <class T>
 Model<T> model_from_tensors(const ModelConfig& cfg, const io::TensorMap& file, const std::string& path,
                             const std::map<std::string, std::string>& rename = {}) {
@@ -286,19 +312,33 @@ Model<T> model_from_tensors(const ModelConfig& cfg, const io::TensorMap& file, c
     OASIS_REQUIRE(!by_model_name.count(mname), mname, "given twice in ", path, " (after renaming)");
     by_model_name[mname] = &st;
   }
-  Model<T> m(cfg);
-  std::set<std::string> used;
-  for (const ParamSpec& p : parameter_specs(cfg)) {
+  cfg.validate();
+  if (static_cast<std::uint64_t>(cfg.n_blocks) > file.size()) {
+    // More blocks than the file has tensors: some declared tensor is missing. Name the first one
+    // among the parameters of the first file.size() + 1 blocks (the same names, without building
+    // the whole list of a configuration that may declare 10^9 blocks).
+    ModelConfig head = cfg;
+    head.n_blocks = static_cast<index_t>(file.size()) + 1;
+    head.block_sizes.clear();
+    for (const ParamSpec& p : parameter_specs(head))
+      OASIS_REQUIRE(by_model_name.count(p.name), p.name, "missing from ", path, " (expected shape ", shape_str(p.shape), ")");
+  }
+  const std::vector<ParamSpec> specs = parameter_specs(cfg);
+  std::set<std::string> declared;
+  for (const ParamSpec& p : specs) {
     const auto it = by_model_name.find(p.name);
     OASIS_REQUIRE(it != by_model_name.end(), p.name, "missing from ", path, " (expected shape ", shape_str(p.shape), ")");
+    OASIS_REQUIRE(!io::is_integer(it->second->dtype), p.name, "is stored as ", io::safetensors_name(it->second->dtype),
+                  " in ", path, "; weights must be floating point (F16, BF16, F32 or F64)");
     const Tensor<double>& v = it->second->values;
     OASIS_REQUIRE(v.shape() == p.shape, p.name, "has shape ", shape_str(v.shape()), " in ", path, ", expected ",
                   shape_str(p.shape));
-    m.set_param(p.name, v.template cast<T>());
-    used.insert(p.name);
+    declared.insert(p.name);
   }
   for (const auto& [mname, st] : by_model_name)
-    OASIS_REQUIRE(used.count(mname), mname, "in ", path, " is not a parameter of this configuration");
+    OASIS_REQUIRE(declared.count(mname), mname, "in ", path, " is not a parameter of this configuration");
+  Model<T> m(cfg);
+  for (const ParamSpec& p : specs) m.set_param(p.name, by_model_name.at(p.name)->values.template cast<T>());
   return m;
 }
 
@@ -309,15 +349,39 @@ Model<T> load_model(const ModelConfig& cfg, const std::string& path,
   return model_from_tensors<T>(cfg, io::read_safetensors(path), path, rename);
 }
 
+/// The model of a weights file held in memory (`name` says where it comes from in the errors):
+/// configuration from its metadata (config_from_metadata), sizes bounded by the file
+/// (require_config_fits_file), then model_from_tensors; a size or field the file cannot hold or
+/// validate() rejects is named as its metadata key ("oasis.n_blocks").
+template <class T>
+Model<T> parse_model(const std::string& bytes, const std::string& name) {
+  std::map<std::string, std::string> md;
+  const io::TensorMap file = io::parse_safetensors(bytes, name, &md);
+  ShapeMap shapes;
+  std::uint64_t max_numel = 0;
+  for (const auto& [tname, t] : file) {
+    shapes[tname] = t.values.shape();
+    max_numel = std::max<std::uint64_t>(max_numel, static_cast<std::uint64_t>(t.values.size()));
+  }
+  ModelConfig cfg;
+  try {
+    cfg = config_from_metadata(md, shapes);
+  } catch (const invalid_argument& e) {
+    // A field ModelConfig::validate rejects is a metadata key here: name it as the file does.
+    const auto& known = metadata_keys();
+    if (std::find(known.begin(), known.end(), e.argument()) == known.end()) throw;
+    const std::string prefix = "oasis: argument '" + e.argument() + "': ", what = e.what();
+    throw invalid_argument("oasis." + e.argument(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+  }
+  require_config_fits_file(cfg, file.size(), max_numel, name, "oasis.");
+  return model_from_tensors<T>(cfg, file, name);
+}
+
 /// Load a file whose configuration is in its metadata (written by save_model, or by hand with
-/// only the keys that differ from the defaults: config_from_metadata).
+/// only the keys that differ from the defaults: config_from_metadata). Regular files only.
 template <class T>
 Model<T> load_model(const std::string& path) {
-  std::map<std::string, std::string> md;
-  const io::TensorMap file = io::parse_safetensors(io::detail::read_file_bytes(path), path, &md);
-  ShapeMap shapes;
-  for (const auto& [name, t] : file) shapes[name] = t.values.shape();
-  return model_from_tensors<T>(config_from_metadata(md, shapes), file, path);
+  return parse_model<T>(io::detail::read_file_bytes(path), path);
 }
 
 }  // namespace oasis::model

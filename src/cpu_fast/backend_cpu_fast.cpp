@@ -145,10 +145,7 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
       }
 }
 
-// Panel `tile` of the rows x (batch b, head h) of x, transposed for the score gemm's B operand:
-// dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
-// Transposed in 4 x 4 blocks (four rows' four columns in registers, stored as four runs of four
-// floats) rather than one element at a time: a quarter of the strided stores.
+// Four floats (the 4 x 4 transposes of pack_panel).
 typedef float F4 __attribute__((vector_size(16)));
 typedef int I4 __attribute__((vector_size(16)));
 #if defined(__clang__)
@@ -162,6 +159,11 @@ inline F4 load4(const float* p) {
   return v;
 }
 inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
+
+// Panel `tile` of the rows x (batch b, head h) of x, transposed for the score gemm's B operand:
+// dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
+// Transposed in 4 x 4 blocks (four rows' four columns in registers, stored as four runs of four
+// floats) rather than one element at a time: a quarter of the strided stores.
 void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
                 float* dst) {
   const index_t j0 = tile * kKeyTile;

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <type_traits>
@@ -144,16 +145,60 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
       }
 }
 
+// Four floats (the 4 x 4 transposes of pack_panel).
+typedef float F4 __attribute__((vector_size(16)));
+typedef int I4 __attribute__((vector_size(16)));
+#if defined(__clang__)
+#define OASIS_SHUFFLE2(a, b, i, j, k, l) __builtin_shufflevector(a, b, i, j, k, l)
+#else
+#define OASIS_SHUFFLE2(a, b, i, j, k, l) __builtin_shuffle(a, b, I4{i, j, k, l})
+#endif
+inline F4 load4(const float* p) {
+  F4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
+
 // Panel `tile` of the rows x (batch b, head h) of x, transposed for the score gemm's B operand:
 // dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
+// Transposed in 4 x 4 blocks (four rows' four columns in registers, stored as four runs of four
+// floats) rather than one element at a time: a quarter of the strided stores.
 void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
                 float* dst) {
-  for (index_t jj = 0; jj < kKeyTile; ++jj) {
-    const index_t j = tile * kKeyTile + jj;
-    const float* src = x + b * xs.b + h * xs.h + j * xs.t;
+  const index_t j0 = tile * kKeyTile;
+  const index_t full = std::max<index_t>(0, std::min(kKeyTile, T - j0)) / 4 * 4;  // keys in whole blocks of 4 rows
+  const index_t d4 = d / 4 * 4;
+  const float* base = x + b * xs.b + h * xs.h;
+  for (index_t jj = 0; jj < full; jj += 4) {
+    const float* r0 = base + (j0 + jj) * xs.t;
+    const float* r1 = r0 + xs.t;
+    const float* r2 = r1 + xs.t;
+    const float* r3 = r2 + xs.t;
+    for (index_t c = 0; c < d4; c += 4) {
+      const F4 a0 = load4(r0 + c), a1 = load4(r1 + c), a2 = load4(r2 + c), a3 = load4(r3 + c);
+      const F4 t0 = OASIS_SHUFFLE2(a0, a1, 0, 4, 1, 5), t1 = OASIS_SHUFFLE2(a0, a1, 2, 6, 3, 7);
+      const F4 t2 = OASIS_SHUFFLE2(a2, a3, 0, 4, 1, 5), t3 = OASIS_SHUFFLE2(a2, a3, 2, 6, 3, 7);
+      float* o = dst + c * kKeyTile + jj;
+      store4(o, OASIS_SHUFFLE2(t0, t2, 0, 1, 4, 5));                 // column c of rows jj..jj+3
+      store4(o + kKeyTile, OASIS_SHUFFLE2(t0, t2, 2, 3, 6, 7));      // column c + 1
+      store4(o + 2 * kKeyTile, OASIS_SHUFFLE2(t1, t3, 0, 1, 4, 5));  // column c + 2
+      store4(o + 3 * kKeyTile, OASIS_SHUFFLE2(t1, t3, 2, 3, 6, 7));  // column c + 3
+    }
+    for (index_t c = d4; c < d; ++c) {
+      dst[c * kKeyTile + jj] = r0[c];
+      dst[c * kKeyTile + jj + 1] = r1[c];
+      dst[c * kKeyTile + jj + 2] = r2[c];
+      dst[c * kKeyTile + jj + 3] = r3[c];
+    }
+  }
+  for (index_t jj = full; jj < kKeyTile; ++jj) {  // the last rows, and zeros past row T
+    const index_t j = j0 + jj;
+    const float* src = base + j * xs.t;
     for (index_t c = 0; c < d; ++c) dst[c * kKeyTile + jj] = j < T ? src[c] : 0.0f;
   }
 }
+#undef OASIS_SHUFFLE2
 
 // Arguments already validated (check_attention_args). q, k, v and out are read and written in
 // their layout through strides; only the keys are packed (into the score gemm's B panels, as in

@@ -95,8 +95,9 @@ Rows<T> rms_norm(const Rows<T>& in, const Tensor<T>& gain, const KeyNormOptions&
 /// In double with the error model on (the bounded evaluation: the fast oracle of the model level,
 /// the double replay of the end-to-end verdict), the products and the sums |W||x| of the rule are
 /// blocked matrix products (Eigen, OpenMP where the caller is compiled with it): gamma_in holds for
-/// every summation order, with or without fused multiply-add. In long double without the error
-/// model (the end-to-end verdict's long double replay) the product is blocked too.
+/// every summation order, with or without fused multiply-add. Otherwise each output is the
+/// sequential sum over the inputs, whatever the number of rows (incremental decoding equals the
+/// full forward bit for bit).
 template <class T>
 Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
   const index_t N = in.n(), nin = in.w(), nout = W.dim(0);
@@ -118,14 +119,6 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
           out.e[static_cast<std::size_t>(r0 + r)] = wnorm * in.e[static_cast<std::size_t>(r0 + r)] +
                                                     em.gamma(static_cast<double>(nin)) * A.row(r).maxCoeff();
       }
-      return out;
-    }
-  }
-  if constexpr (std::is_same_v<T, long double>) {
-    if (!em.on()) {  // the long double replay of the end-to-end verdict: a blocked product, not a scalar loop
-      using M = Eigen::Matrix<long double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-      const Eigen::Map<const M> X(in.x.data(), N, nin), Wm(W.data(), nout, nin);
-      Eigen::Map<M>(out.x.data(), N, nout).noalias() = X * Wm.transpose();
       return out;
     }
   }

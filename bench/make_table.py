@@ -118,9 +118,11 @@ def targets(cpu, single):
                                 ("BM_Verify_attention_gptoss", 30, "compare check, gpt-oss-like [1,64,4096,64], 8 kv heads, sinks"),
                                 ("BM_Verify_depth", 10, "compare check, depth routing, 8192 tokens x 33 sources, d=2048"),
                                 ("BM_Verify_model_full_d256", 5, "compare op model, full f32 trace, d=256, 4 blocks, T=128"),
-                                ("BM_Verify_model_logits_d256", None, "compare op model, logits only, d=256, 4 blocks, T=128"),
+                                ("BM_Verify_model_logits_d256", 5, "compare op model, logits only, d=256, 4 blocks, T=128"),
                                 ("BM_Verify_model_full_gpt2small", 300,
-                                 "compare op model, full f32 trace, d=768, 12 blocks, 12 heads, T=512, vocab 32000")):
+                                 "compare op model, full f32 trace, d=768, 12 blocks, 12 heads, T=512, vocab 32000"),
+                                ("BM_Verify_model_logits_gpt2small", 300,
+                                 "compare op model, logits only, d=768, 12 blocks, 12 heads, T=512, vocab 32000")):
         b = find(cpu, prefix)
         if b and "check_s" in b:
             cpu_s = b.get("cpu_s")

@@ -22,8 +22,10 @@
 // value within kOwnError x its rules' bound at u = 2^-53 of the exact producer, and decides each
 // element with that error folded in (TensorCheck); a tensor with an undecided element is
 // recomputed in mp50 (ModelCheckerOf<mp50>, built only then). The end-to-end verdict takes the
-// exact replay as the double replay with its derived forward bound at u = 2^-53 (ForwardOptions::
-// error_u) and falls back to the mp50 replay when a row is left open. Configurations with a norm
+// exact replay as the double replay x_d within E per row: its derived forward bound at u = 2^-53
+// (ForwardOptions::error_u; certain), else under the probabilistic and p16 policies for a trace
+// narrower than float64 the estimate 4 (max_c |x_d - x_ld| + 2^-53 max_c |x_d|) from a long double
+// replay x_ld; a row left open falls back to the mp50 replay. Configurations with a norm
 // evaluated in float32 (the reference itself rounds to float there, so a double reference off by
 // ~2^-53 may round differently) use mp50 throughout.
 #include <algorithm>
@@ -57,6 +59,10 @@ constexpr double kOwnError = 1.01;
 /// magnitudes and row norms of values within ~1e-13 relative of the exact ones).
 constexpr double kBoundRho = 1e-6;
 constexpr double kU53 = 0x1p-53;
+/// Safety factor of the end-to-end verdict's estimate of the double replay's error from a long
+/// double replay (docs/verify.md "The model level's fast oracle"): |x_d - x_ld| is |x_d - x_hp|
+/// within a relative ~2^-11.
+constexpr double kLdSafety = 4.0;
 
 /// The oracle's models: the double model always, the mp50 model only when a check needs it.
 struct Models {
@@ -158,61 +164,54 @@ void note_row_mismatch(TensorReport& t, const std::string& name, index_t i, doub
 }
 
 /// The end-to-end verdict of `name` (logits or state): row parity against the replays. fast: the
-/// exact replay is the double replay within its forward bound (kOwnError x the first-order bound
-/// at u = 2^-53 on each row's max error); a row that bound leaves open sets `recomputed` and the
-/// verdict is taken again against the mp50 replay.
+/// exact replay x_hp is taken as the double replay x_d with |x_d - x_hp| <= E_r on row r, and each
+/// element is decided on intervals; E_r is (1) kOwnError x the composed forward bound at u = 2^-53
+/// (certain), else, under the probabilistic and p16 policies and for a trace narrower than
+/// float64, (2) the estimate kLdSafety (max_c |x_d - x_ld| + 2^-53 max_c |x_d|) from a long double
+/// replay x_ld (docs/verify.md "The model level's fast oracle"). A row left open sets `recomputed`
+/// and the verdict is taken again against the mp50 replay. `oracle` receives which replay decided.
 TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models& ms, const std::vector<index_t>& ids,
-                        index_t B, index_t Tn, const CompareOptions& opt, bool fast, bool& recomputed) {
+                        index_t B, index_t Tn, const CompareOptions& opt, bool fast, bool& recomputed, std::string& oracle) {
   const DType D = got.dtype;
   const bool wide = D == DType::f64;
+  const bool logits = name == "logits";
   const om::ModelConfig& cfg = ms.d.config();
-  const Shape want{B, Tn, name == "logits" ? cfg.vocab_size : cfg.d_model};
+  const Shape want{B, Tn, logits ? cfg.vocab_size : cfg.d_model};
   if (got.values.shape() != want)
     return tensor_failure(
         name, got, "shape " + shape_str(got.values.shape()) + " but the model's " + name + " has shape " + shape_str(want), true);
   om::ForwardOptions fo;
-  fo.trace = true;
+  fo.trace = !logits;  // the head's step (the floor of logits) reads the state only
   fo.store = D == DType::bf16 ? store_bf16 : D == DType::f16 ? store_f16 : nullptr;
   // The plain reference in the implementation's precision and its trace (for the floor).
   Tensor<double> x_ref;
   TensorMap replay;
   if (wide) {
     const om::ForwardResult<double> r = ms.d.forward(ids, B, Tn, fo);
-    x_ref = name == "logits" ? r.logits : r.state;
+    x_ref = logits ? r.logits : r.state;
     replay = om::trace_tensors(r, D);
   } else {
     const om::ForwardResult<float> r = ms.d.cast<float>().forward(ids, B, Tn, fo);
-    x_ref = (name == "logits" ? r.logits : r.state).cast<double>();
+    x_ref = (logits ? r.logits : r.state).cast<double>();
     replay = om::trace_tensors(r, D);
   }
-  TensorReport t;
-  t.name = name;
-  t.dtype = D;
-  t.shape = got.values.shape();
-  t.elements = got.values.size();
   const index_t w = want.back(), rows = got.values.size() / w;
+  auto fresh = [&] {
+    TensorReport t;
+    t.name = name;
+    t.dtype = D;
+    t.shape = got.values.shape();
+    t.elements = got.values.size();
+    return t;
+  };
 
-  om::ForwardResult<double> hd;  // the double replay with its forward bound
-  bool bounded = fast && !cfg.gated_attention && !cfg.prefix_sink;
-  if (bounded) {
-    om::ForwardOptions fh;
-    fh.error_u = kU53;
-    try {
-      hd = ms.d.forward(ids, B, Tn, fh);
-    } catch (const invalid_argument&) {  // no forward error rule (e.g. a baseline token normaliser)
-      bounded = false;
-    }
-  }
-  if (bounded) {
-    const Tensor<double>& xd = name == "logits" ? hd.logits : hd.state;
-    const std::vector<double>& ed = name == "logits" ? hd.logit_error : hd.state_error;
+  // The verdict against x_d with |x_d - x_hp| <= E[r] on row r; false when a row is left open.
+  auto judge = [&](const Tensor<double>& xd, const std::vector<double>& E, TensorReport& t) {
     ModelCheckerOf<double> rc(ms.d, replay, ids, B, Tn);
-    const Tensor<double> e_last = scaled(name == "logits" ? rc.expected("logits", replay.at("logits"), wide).e
-                                                          : rc.readout_step(wide).e.reshaped(want),
-                                         D);
-    bool open = false;
-    for (index_t r = 0; r < rows && !open; ++r) {
-      const double E = kOwnError * ed[static_cast<std::size_t>(r)];  // |xd - x_hp| <= E on this row
+    const Tensor<double> e_last =
+        scaled(logits ? rc.expected("logits", replay.at("logits"), wide).e : rc.readout_step(wide).e.reshaped(want), D);
+    for (index_t r = 0; r < rows; ++r) {
+      const double Er = E[static_cast<std::size_t>(r)];
       double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
       for (index_t c = 0; c < w; ++c) {
         const index_t i = r * w + c;
@@ -221,38 +220,85 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
         elast = std::max(elast, e_last[i]);
       }
       // allowed = 2 max|x_ref - x_hp| + 0.5 ulp_D(max|x_hp|) + 2 e_last, between lo and hi
-      const double lo = 2.0 * std::max(e_ref - E, 0.0) + 0.5 * io::dtype_ulp(D, std::max(hmax - E, 0.0)) +
+      const double lo = 2.0 * std::max(e_ref - Er, 0.0) + 0.5 * io::dtype_ulp(D, std::max(hmax - Er, 0.0)) +
                         2.0 * elast * (1 - kBoundRho);
-      const double hi = 2.0 * (e_ref + E) + 0.5 * io::dtype_ulp(D, hmax + E) + 2.0 * elast * (1 + kBoundRho);
+      const double hi = 2.0 * (e_ref + Er) + 0.5 * io::dtype_ulp(D, hmax + Er) + 2.0 * elast * (1 + kBoundRho);
       const double allowed = 2.0 * e_ref + 0.5 * io::dtype_ulp(D, hmax) + 2.0 * elast;
       for (index_t c = 0; c < w; ++c) {
         const index_t i = r * w + c;
         const double x = got.values[i], h = xd[i];
         const double err = std::isfinite(x) ? std::abs(x - h) : INFINITY;
-        if (!(err + E <= lo) && !(err - E > hi)) { open = true; break; }
+        if (!(err + Er <= lo) && !(err - Er > hi)) return false;
         e_x = std::max(e_x, err);
         t.max_abs = std::max(t.max_abs, err);
         if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
         t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
-        if (err - E > hi) {
+        if (err - Er > hi) {
           if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
           ++t.violations;
         }
       }
       t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
     }
-    if (!open) {
-      t.passed = t.violations == 0;
-      return t;
+    t.passed = t.violations == 0;
+    return true;
+  };
+
+  if (fast) {
+    Tensor<double> xd;  // the double replay
+    {
+      om::ForwardResult<double> hd;
+      bool bounded = !cfg.gated_attention && !cfg.prefix_sink;
+      if (bounded) {
+        om::ForwardOptions fh;
+        fh.error_u = kU53;
+        try {
+          hd = ms.d.forward(ids, B, Tn, fh);
+        } catch (const invalid_argument&) {  // no forward error rule (e.g. a baseline token normaliser)
+          bounded = false;
+        }
+      }
+      if (bounded) {
+        std::vector<double> E = logits ? hd.logit_error : hd.state_error;
+        for (double& e : E) e *= kOwnError;
+        TensorReport t = fresh();
+        if (judge(logits ? hd.logits : hd.state, E, t)) {
+          oracle = name + ": double replay within its worst-case bound";
+          return t;
+        }
+        xd = logits ? std::move(hd.logits) : std::move(hd.state);
+      }
+    }
+    if (!wide && opt.policy != Policy::worst_case) {
+      if (xd.size() == 0) {
+        om::ForwardResult<double> r = ms.d.forward(ids, B, Tn);
+        xd = logits ? std::move(r.logits) : std::move(r.state);
+      }
+      Tensor<double> xld;  // the long double replay, rounded to double (an error of 2^-53 |x|, in the floor below)
+      {
+        const om::ForwardResult<long double> r = ms.d.cast<long double>().forward(ids, B, Tn);
+        xld = (logits ? r.logits : r.state).cast<double>();
+      }
+      std::vector<double> E(static_cast<std::size_t>(rows));
+      for (index_t r = 0; r < rows; ++r) {
+        double dmax = 0, xmax = 0;
+        for (index_t c = 0; c < w; ++c) {
+          const index_t i = r * w + c;
+          dmax = std::max(dmax, std::abs(xd[i] - xld[i]));
+          xmax = std::max(xmax, std::abs(xd[i]));
+        }
+        E[static_cast<std::size_t>(r)] = kLdSafety * (dmax + kU53 * xmax);
+      }
+      TensorReport t = fresh();
+      if (judge(xd, E, t)) {
+        oracle = name + ": double replay, error estimated by a long double replay";
+        return t;
+      }
     }
     recomputed = true;
-    t = TensorReport{};
-    t.name = name;
-    t.dtype = D;
-    t.shape = got.values.shape();
-    t.elements = got.values.size();
   }
-
+  oracle = name + ": mp50 replay";
+  TensorReport t = fresh();
   const om::Model<mp50>& m = ms.mp();
   const om::ForwardResult<mp50> hp = m.forward(ids, B, Tn);
   const Tensor<mp50>& x_hp = name == "logits" ? hp.logits : hp.state;
@@ -334,6 +380,7 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
   rep.op = "model";
   std::map<std::string, std::string> steps;  // checked tensor -> its producer
   index_t checked = 0, recomputed = 0;
+  std::vector<std::string> replays;  // the end-to-end verdicts' oracles
   std::string prefix;  // of the tensors being checked: the memory held is that of one sublayer's steps
   for (const auto& [name, shape] : ck.names()) {
     const auto it = outputs.find(name);
@@ -378,8 +425,10 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
                     " is checked against what the configured model computes from the tensors it reads, which needs ",
                     miss.name, " ", shape_str(miss.shape), " (provide it, or leave out ", name, ")");
       bool again = false;
-      rep.tensors.push_back(end_to_end(name, got, ms, ids, B, Tn, opt, fast, again));
+      std::string how;
+      rep.tensors.push_back(end_to_end(name, got, ms, ids, B, Tn, opt, fast, again, how));
       if (again) ++recomputed;
+      replays.push_back(how);
       steps[name] = "the end-to-end replay of the configured model";
       rep.notes.push_back(name + ": end-to-end verdict (the trace lacks " + miss.name +
                           ", needed to check it from the tensors that produce it): per token row, max |x - oracle| <= 2 x the "
@@ -394,6 +443,8 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
   rep.oracle = fast ? "fast (double, its own error bound folded in; " + std::to_string(recomputed) + " of " +
                           std::to_string(checked) + " tensors recomputed in mp50)"
                     : opt.oracle == Oracle::fast ? "mp50 (a norm evaluated in float32: no fast oracle)" : "mp50";
+  if (fast)
+    for (const auto& how : replays) rep.oracle += "; " + how;
   std::set<std::string> gradients;
   const bool any_gradient = std::any_of(outputs.begin(), outputs.end(), [](const auto& kv) { return is_model_gradient_name(kv.first); });
   if (any_gradient || inputs.count("grad_logits"))  // the gradients are checked in mp50 (op_model_grad.cpp)

@@ -9,7 +9,9 @@
 // misspelt names and traces that cannot be linked are input errors (exit 2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <cstdio>
@@ -280,12 +282,14 @@ struct Outcome {
 };
 
 Outcome compare(const std::string& dir, const om::Model<double>& weights, const io::TensorMap& trace,
-            io::DType weights_dtype = io::DType::f32, verify::Oracle oracle = verify::Oracle::fast) {
+            io::DType weights_dtype = io::DType::f32, verify::Oracle oracle = verify::Oracle::fast,
+            verify::Policy policy = verify::Policy::probabilistic) {
   om::save_model(weights, dir + "/model.safetensors", weights_dtype);
   io::write_safetensors(dir + "/run.safetensors", trace);
   std::ofstream(dir + "/config.json") << kModelCfg;
   verify::CompareOptions opt;
   opt.oracle = oracle;
+  opt.policy = policy;
   const auto t0 = std::chrono::steady_clock::now();
   Outcome r{verify::compare_config_file(dir + "/config.json", opt), 0};
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -317,6 +321,14 @@ std::string input_error(const std::string& dir, const om::Model<double>& weights
 }
 
 om::Model<float> as_float(const om::Model<double>& m) { return m.cast<float>(); }
+
+/// The float32 trace of the library's model with the weights of `m` and a mistaken configuration.
+io::TensorMap mistaken_trace(const om::Model<double>& m, const std::vector<index_t>& ids,
+                             const std::function<void(om::ModelConfig&)>& change) {
+  om::ModelConfig c = m.config();
+  change(c);
+  return library_trace(as_float(test_model(c, 1, &m)), ids, io::DType::f32);
+}
 
 /// The fast oracle's report gives the mp50 oracle's verdicts: the same tensors, verdicts and
 /// violation counts, and for float32 and 16-bit tensors the worst ratios to a relative 1e-6 (the
@@ -350,11 +362,7 @@ TEST(VerifyModel, MutantZooFailsNamingTheFirstWrongStepAndEndToEnd) {
     return [bug](const om::Model<double>& m, const std::vector<index_t>& ids) { return zoo_trace(as_float(m), ids, bug); };
   };
   auto config_mistake = [](std::function<void(om::ModelConfig&)> change) {
-    return [change](const om::Model<double>& m, const std::vector<index_t>& ids) {
-      om::ModelConfig c = m.config();
-      change(c);
-      return library_trace(as_float(test_model(c, 1, &m)), ids, io::DType::f32);
-    };
+    return [change](const om::Model<double>& m, const std::vector<index_t>& ids) { return mistaken_trace(m, ids, change); };
   };
   Mistakes running, psi0, soft, rec, resid;
   running.running_state_sources = true;
@@ -591,6 +599,80 @@ TEST(VerifyModel, FastOracleRecomputesAnUndecidedTensorInMp50) {
   const Outcome f = compare(dir, m, t);
   EXPECT_EQ(recomputed_tensors(f.rep), k0 + 1) << f.rep.oracle << "\n" << base.rep.oracle;
   expect_same_verdicts(f.rep, compare(dir, m, t, io::DType::f32, verify::Oracle::mp50).rep, "on the certain line");
+}
+
+// A model deep enough (4 blocks) that the composed worst-case forward bound decides no row of the
+// logits: the fast end-to-end verdict on logits-only traces takes the double replay's error as
+// estimated by a long double replay, and gives the mp50 oracle's verdicts on correct traces, on
+// configuration mistakes, and on a logit placed one float above and one float below the allowance.
+// Under the worst_case policy, and for float64 logits, the verdict is the mp50 replay's.
+TEST(VerifyModel, FastEndToEndVerdictAtDepthEstimatesTheDoubleReplaysError) {
+  om::ModelConfig cfg = kimi_full();
+  cfg.n_blocks = 4;
+  const om::Model<double> m = test_model(cfg, 4312);
+  const std::vector<index_t> ids = token_ids(cfg);
+  const std::string dir = tmp_dir("deep");
+  const std::string estimate = "logits: double replay, error estimated by a long double replay";
+  {  // the worst-case bound is far above the float replay's error: it cannot decide
+    om::ForwardOptions fh;
+    fh.error_u = 0x1p-53;
+    const auto hd = m.forward(ids, kB, kT, fh);
+    const double E = *std::max_element(hd.logit_error.begin(), hd.logit_error.end());
+    std::printf("  worst-case bound on the double replay's logits: %.3g\n", E);
+    ASSERT_GT(E, 1e-3);
+  }
+  struct Case {
+    std::string name;
+    io::TensorMap trace;
+    bool passes;
+  };
+  const std::vector<Case> cases = {
+      {"float", library_trace(as_float(m), ids, io::DType::f32), true},
+      {"double accumulation, stored f32", library_trace(m, ids, io::DType::f32), true},
+      {"bf16-stored", library_trace(as_float(m), ids, io::DType::bf16, store_bf16), true},
+      {"key-norm gain dropped", mistaken_trace(m, ids, [](om::ModelConfig& c) { c.key_norm_gain = false; }), false},
+      {"readout last", mistaken_trace(m, ids, [](om::ModelConfig& c) { c.readout = om::Readout::last; }), false},
+      {"RoPE interleaved", mistaken_trace(m, ids, [](om::ModelConfig& c) { c.rope = om::RopeLayout::interleaved; }), false},
+  };
+  for (const Case& c : cases) {
+    const io::TensorMap lo = only(c.trace, {"logits"});
+    const Outcome f = compare(dir, m, lo);
+    EXPECT_EQ(f.rep.passed, c.passes) << c.name << "\n" << verify::format_report(f.rep);
+    EXPECT_NE(f.rep.oracle.find(estimate), std::string::npos) << c.name << ": " << f.rep.oracle;
+    expect_same_verdicts(f.rep, compare(dir, m, lo, io::DType::f32, verify::Oracle::mp50).rep, c.name);
+  }
+  // a logit one float beyond, and one float within, the allowance of its row
+  const io::TensorMap lo = only(cases[0].trace, {"logits"});
+  const auto hp = m.cast<oasis::mp50>().forward(ids, kB, kT);
+  const index_t V = cfg.vocab_size, i = (1 * kT + 2) * V + 5;
+  const double h = static_cast<double>(hp.logits[i]);
+  io::TensorMap probe = lo;
+  probe.at("logits").values[i] = io::round_to_dtype(h + 1e-2, io::DType::f32);
+  const verify::CompareReport pr = compare(dir, m, probe, io::DType::f32, verify::Oracle::mp50).rep;
+  ASSERT_FALSE(pr.passed);
+  const double allowed = static_cast<double>(abs(oasis::mp50(probe.at("logits").values[i]) - hp.logits[i])) /
+                         find(pr, "logits").worst_ratio;  // the moved element's row holds the worst ratio
+  float beyond = static_cast<float>(h + allowed);
+  if (static_cast<double>(beyond) - h <= allowed) beyond = std::nextafter(beyond, INFINITY);
+  const float within = std::nextafter(beyond, -INFINITY);
+  ASSERT_LE(static_cast<double>(within) - h, allowed);
+  for (const float x : {beyond, within}) {
+    io::TensorMap t = lo;
+    t.at("logits").values[i] = x;
+    const Outcome f = compare(dir, m, t);
+    EXPECT_EQ(f.rep.passed, x == within) << (x == within ? "within\n" : "beyond\n") << verify::format_report(f.rep);
+    EXPECT_NE(f.rep.oracle.find(estimate), std::string::npos) << f.rep.oracle;
+    expect_same_verdicts(f.rep, compare(dir, m, t, io::DType::f32, verify::Oracle::mp50).rep,
+                         x == within ? "one float within" : "one float beyond");
+  }
+  // worst_case: no estimate, the mp50 replay
+  const Outcome wc = compare(dir, m, lo, io::DType::f32, verify::Oracle::fast, verify::Policy::worst_case);
+  EXPECT_TRUE(wc.rep.passed) << verify::format_report(wc.rep);
+  EXPECT_NE(wc.rep.oracle.find("logits: mp50 replay"), std::string::npos) << wc.rep.oracle;
+  // float64 logits: the plain replay is a double replay; the mp50 replay decides
+  const Outcome w64 = compare(dir, m, only(library_trace(m, ids, io::DType::f64), {"logits"}));
+  EXPECT_TRUE(w64.rep.passed) << verify::format_report(w64.rep);
+  EXPECT_NE(w64.rep.oracle.find("logits: mp50 replay"), std::string::npos) << w64.rep.oracle;
 }
 
 // ---- no empty verdicts, no silent names, no unlinked steps ------------------------------------------

@@ -95,7 +95,9 @@ Rows<T> rms_norm(const Rows<T>& in, const Tensor<T>& gain, const KeyNormOptions&
 /// In double with the error model on (the bounded evaluation: the fast oracle of the model level,
 /// the double replay of the end-to-end verdict), the products and the sums |W||x| of the rule are
 /// blocked matrix products (Eigen, OpenMP where the caller is compiled with it): gamma_in holds for
-/// every summation order, with or without fused multiply-add.
+/// every summation order, with or without fused multiply-add. Otherwise each output is the
+/// sequential sum over the inputs, whatever the number of rows (incremental decoding equals the
+/// full forward bit for bit).
 template <class T>
 Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
   const index_t N = in.n(), nin = in.w(), nout = W.dim(0);
@@ -120,10 +122,27 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
       return out;
     }
   }
+  // Each output is the sequential sum over c; four outputs at a time (independent accumulators,
+  // the same values) so that the loop is not bound by one addition's latency.
   for (index_t r = 0; r < N; ++r) {
     const T* x = in.x.ptr(r);
     T* y = out.x.ptr(r);
-    for (index_t o = 0; o < nout; ++o) {
+    index_t o = 0;
+    for (; o + 4 <= nout; o += 4) {
+      const T *w0 = W.ptr(o), *w1 = W.ptr(o + 1), *w2 = W.ptr(o + 2), *w3 = W.ptr(o + 3);
+      T a0(0), a1(0), a2(0), a3(0);
+      for (index_t c = 0; c < nin; ++c) {
+        a0 += w0[c] * x[c];
+        a1 += w1[c] * x[c];
+        a2 += w2[c] * x[c];
+        a3 += w3[c] * x[c];
+      }
+      y[o] = a0;
+      y[o + 1] = a1;
+      y[o + 2] = a2;
+      y[o + 3] = a3;
+    }
+    for (; o < nout; ++o) {
       const T* wr = W.ptr(o);
       T acc(0);
       for (index_t c = 0; c < nin; ++c) acc += wr[c] * x[c];

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -258,6 +259,38 @@ TEST(CpuFastAttention, IntoReusesBuffersAndMatchesFreshResults) {
   cpu_fast::release_workspaces();  // workspaces are rebuilt on the next call
   cpu_fast::token_attention_into(x.q, x.k, x.v, x.opt, r);
   EXPECT_TRUE(oasis::test::exactly_equal("out after release", r.out, before));
+}
+
+// Values are read in place only when every row starts on a cache line (else they are copied
+// first): both paths give bitwise the same result on every ISA. The two copies of v differ only in
+// where the heap put them (small tensors: below the allocator's mmap threshold, so the addresses
+// modulo 64 vary; spacer allocations move the next one along).
+TEST(CpuFastAttention, ValuesInPlaceOrCopiedGiveTheSameResult) {
+  Case c = cases()[1];  // d_v = 64: whole AVX-512 vectors, in place when aligned
+  c.H_kv = 1;
+  c.Tk = 100;  // v is 25.6 KB
+  const Inputs in = make_inputs(c, 7006);
+  std::vector<Tensor<float>> copies;
+  std::vector<std::vector<char>> spacers;
+  const Tensor<float>* on_line = nullptr;
+  const Tensor<float>* off_line = nullptr;
+  copies.reserve(256);  // element addresses stay put
+  for (int i = 0; i < 256 && !(on_line && off_line); ++i) {
+    spacers.emplace_back(static_cast<std::size_t>(16 * (i % 5 + 1)));
+    copies.push_back(in.v);
+    const Tensor<float>& t = copies.back();
+    (reinterpret_cast<std::uintptr_t>(t.data()) % 64 == 0 ? on_line : off_line) = &t;
+  }
+  ASSERT_TRUE(on_line && off_line) << "no cache-line-aligned and misaligned copies of v in 256 allocations";
+  IsaGuard guard;
+  for (const std::string& isa : cpu_fast::available_isas()) {
+    cpu_fast::set_isa(isa);
+    const AttentionResult<float> a = cpu_fast::token_attention(in.q, in.k, *on_line, in.opt);
+    const AttentionResult<float> b = cpu_fast::token_attention(in.q, in.k, *off_line, in.opt);
+    EXPECT_TRUE(oasis::test::exactly_equal("out (" + isa + ")", a.out, b.out));
+    EXPECT_TRUE(oasis::test::exactly_equal("lse (" + isa + ")", a.lse, b.lse));
+    EXPECT_TRUE(oasis::test::exactly_equal("p_null (" + isa + ")", a.p_null, b.p_null));
+  }
 }
 
 TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {

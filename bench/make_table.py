@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Turns Google Benchmark JSON (CPU, and GPU when measured) into docs/benchmarks.md.
 
-usage: make_table.py OUT.md NOTES.md CPU.json [--single CPU1.json] [GPU.json ...] -- key=value context lines
+usage: make_table.py OUT.md NOTES.md CPU.json [--single CPU1.json] [--round CPUr.json ...]
+                     [--single-round CPU1r.json ...] [GPU.json ...] -- key=value context lines
        make_table.py --gpu-summary OUT.md GPU.json ...
 CPU1.json: an OASIS_BENCH_THREADS=1 run, whose *_cpu ratios (process CPU time) do not depend on
-the load of a shared machine. GPU.json: bench_cuda's output and the SDPA step's
+the load of a shared machine. --round / --single-round: further rounds of the fast kernels and
+the ceilings (scripts/bench.sh, OASIS_BENCH_ROUNDS); the per-host-kind table takes the best of
+all rounds on each side of a ratio (best_ratio). GPU.json: bench_cuda's output and the SDPA step's
 (scripts/gpu/sdpa_bench.py: torch's FlashAttention on the same shapes, benchmarks named SDPA_*);
 the GPU section gives each rate over the device's same-run ceilings (copy, cuBLAS bf16 GEMM) and
 the tensor-core kernel's rate over SDPA's. --gpu-summary writes the GPU section alone (the GPU
@@ -143,27 +146,35 @@ HOST_ROWS = [(f"BM_Attention_fast/{t}/{d}/", f"fused causal Softmax1 forward, T=
 HOST_BEGIN, HOST_END = "<!-- host-kind: ", "<!-- /host-kind -->"
 
 
-def first_ratio(data, bench, counter, ceiling_prefix):
-    """counter of bench over the first same-run ceiling (as the tables)."""
-    b = find(data, bench) if data else None
-    c = find(data, ceiling_prefix + "/") if data else None
-    if not b or not c or counter not in b or not c.get(counter):
+def best_ratio(datas, bench, counter, ceiling_prefix):
+    """The best rate of bench over the best ceiling, across the rounds `datas` (each ceiling measured
+    twice per round, at its start and end): on a shared machine each side's best is its rate
+    when least disturbed, and the larger ceiling keeps the ratio conservative."""
+    rates = [b[counter] for d in datas for b in d.get("benchmarks", [])
+             if b["name"].startswith(bench) and b.get("run_type") != "aggregate" and counter in b]
+    ceils = [c[counter] for d in datas for c in d.get("benchmarks", [])
+             if c["name"].startswith(ceiling_prefix) and c.get(counter)]
+    if not rates or not ceils:
         return None
-    return b[counter] / c[counter]
+    return max(rates) / max(ceils)
 
 
-def host_block(kind, ctx, cpu, single):
-    """This run's table of ratios to the same-run ceilings, marked as host kind `kind`."""
+def host_block(kind, ctx, cpus, singles):
+    """This run's table of ratios to the same-run ceilings (best of its rounds), marked as host kind
+    `kind`; cpus / singles: the JSON of each round with the run's threads / with one thread."""
+    cpu = cpus[0]
     threads = cpu.get("context", {}).get("threads", "?")
     lines = [f"{HOST_BEGIN}{kind} -->", f"### {kind}", "",
              f"Measured {ctx.get('date (UTC)', '?')} UTC at commit {ctx.get('commit', '?')} "
              f"(`{ctx.get('command', 'scripts/bench.sh')}`), {ctx.get('machine', '')}; fast-path ISA "
              f"{cpu.get('context', {}).get('cpu_fast_isa', '?')}; load average before / after "
-             f"{ctx.get('load average (1, 5, 15 min) before / after', '?')}.", "",
+             f"{ctx.get('load average (1, 5, 15 min) before / after', '?')}. Each ratio is the best of "
+             f"{len(cpus)} round(s) of the rate over the best of the same rounds' ceilings (start and end of "
+             f"each round).", "",
              f"| benchmark | target | {threads} threads, wall time | 1 thread, CPU time |", "|---|---:|---:|---:|"]
     for prefix, label, counter, ceiling, goal in HOST_ROWS:
-        r = first_ratio(cpu, prefix, counter, ceiling)
-        r1 = first_ratio(single, prefix, counter + "_cpu", ceiling)
+        r = best_ratio(cpus, prefix, counter, ceiling)
+        r1 = best_ratio(singles, prefix, counter + "_cpu", ceiling) if singles else None
         if r is None and r1 is None:
             continue
         of = "GEMM" if "Gemm" in ceiling else "triad"
@@ -263,11 +274,19 @@ def main():
         i = argv.index("--")
         ctx = argv[i + 1:]
         argv = argv[:i]
-    single = None
-    if "--single" in argv:
-        i = argv.index("--single")
-        single = json.load(open(argv[i + 1]))
-        argv = argv[:i] + argv[i + 2:]
+    def take(flag):
+        """the files given after each occurrence of flag, removed from argv"""
+        nonlocal argv
+        files = []
+        while flag in argv:
+            i = argv.index(flag)
+            files.append(json.load(open(argv[i + 1])))
+            argv = argv[:i] + argv[i + 2:]
+        return files
+
+    singles = take("--single")
+    single = singles[0] if singles else None
+    rounds, single_rounds = take("--round"), take("--single-round")
     out, notes, cpu_json, gpu_jsons = argv[0], argv[1], argv[2], argv[3:]
     cpu = json.load(open(cpu_json))
     md = ["# Benchmarks (generated by scripts/bench.sh)", ""]
@@ -285,10 +304,11 @@ def main():
     ctx_map = dict(c.partition("=")[::2] for c in ctx)
     kind = ctx_map.get("host kind", "unnamed host")
     blocks = host_blocks(out)
-    blocks[kind] = host_block(kind, ctx_map, cpu, single)
+    blocks[kind] = host_block(kind, ctx_map, [cpu] + rounds, singles + single_rounds)
     md += ["## Ratios per host kind", "",
-           "One table per kind of host measured, each rate over the ceiling of its own run (the first "
-           "measurement); this run's kind is regenerated, the others are kept from earlier runs.", ""]
+           "One table per kind of host measured, each rate over the ceilings of its own run; this run's "
+           "kind is regenerated, the others are kept from earlier runs (each table says how its ratios "
+           "were formed).", ""]
     for k in [kind] + [k for k in blocks if k != kind]:
         md += [blocks[k], ""]
     md += ["## CPU, %s threads" % cctx.get("threads", "?"), "", table(rows(cpu)), ""]

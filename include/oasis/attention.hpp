@@ -88,10 +88,11 @@ void bhtd_dims(const Tensor<T>& x, AttentionLayout l, index_t& b, index_t& h, in
 }
 }  // namespace detail
 
-/// Validates shapes, GQA divisibility, lengths and options; throws naming the argument.
+/// Validates shapes, GQA divisibility, lengths and options; throws naming the argument. The
+/// finiteness of q, k and v is check_attention_args's (below).
 template <class T>
-AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
-                                    const AttentionOptions& opt) {
+AttentionShape check_attention_shapes(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                      const AttentionOptions& opt) {
   const bool bthd = opt.layout == AttentionLayout::bthd;
   require_rank(q, 4, "q", bthd ? "[B, Tq, H, d_h]" : "[B, H, Tq, d_h]");
   require_rank(k, 4, "k", bthd ? "[B, Tk, H_kv, d_h]" : "[B, H_kv, Tk, d_h]");
@@ -143,6 +144,14 @@ AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, cons
       OASIS_REQUIRE(!std::isnan(bi[i]) && !(std::isinf(bi[i]) && bi[i] > 0), "bias", "entry ", i, " is ", bi[i],
                     " (NaN and +inf are not allowed; mask with -inf)");
   }
+  return s;
+}
+
+/// check_attention_shapes, then q, k and v finite (in that order: the first failure is reported).
+template <class T>
+AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                    const AttentionOptions& opt) {
+  const AttentionShape s = check_attention_shapes(q, k, v, opt);
   require_finite(q, "q");
   require_finite(k, "k");
   require_finite(v, "v");

@@ -136,25 +136,30 @@ void require_rank(const Tensor<T>& t, index_t rank, const char* arg, const char*
                 shape_str(t.shape()));
 }
 
+/// True when the n values at x (float or double; n a multiple of 16) are all finite, without a
+/// branch per element: x * 0 is 0 for a finite x and NaN for NaN or +-inf, so 16 independent lane
+/// sums stay 0 exactly when every value is finite (the compiler vectorises the lanes).
+template <class T>
+bool finite_lanes(const T* x, index_t n) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  constexpr index_t kLanes = 16;
+  T acc[kLanes] = {};
+  for (index_t i = 0; i < n; i += kLanes)
+    for (index_t l = 0; l < kLanes; ++l) acc[l] += x[i + l] * T(0);
+  bool finite = true;
+  for (index_t l = 0; l < kLanes; ++l) finite = finite && acc[l] == T(0);
+  return finite;
+}
+
 /// Require every element to be finite (no NaN, no +-inf); names argument and first bad index.
-/// For float and double, blocks are first scanned without a branch per element: x * 0 is 0 for a
-/// finite x and NaN for NaN or +-inf, so a block's independent lane sums stay 0 exactly when the
-/// block is finite (the compiler vectorises the lanes); the element-wise search names the first
-/// bad index from the first block that is not.
+/// For float and double, blocks of 1024 are first scanned by finite_lanes; the element-wise search
+/// names the first bad index from the first block that is not finite.
 template <class T>
 void require_finite(const Tensor<T>& t, const char* arg) {
   index_t from = 0;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    constexpr index_t kBlock = 1024, kLanes = 16;
-    const T* x = t.data();
-    for (; from + kBlock <= t.size(); from += kBlock) {
-      T acc[kLanes] = {};
-      for (index_t i = from; i < from + kBlock; i += kLanes)
-        for (index_t l = 0; l < kLanes; ++l) acc[l] += x[i + l] * T(0);
-      bool finite = true;
-      for (index_t l = 0; l < kLanes; ++l) finite = finite && acc[l] == T(0);
-      if (!finite) break;
-    }
+    constexpr index_t kBlock = 1024;
+    while (from + kBlock <= t.size() && finite_lanes(t.data() + from, kBlock)) from += kBlock;
   }
   for (index_t i = from; i < t.size(); ++i)
     OASIS_REQUIRE(is_finite(t[i]), arg, "non-finite value ", to_double(t[i]), " at flat index ", i);

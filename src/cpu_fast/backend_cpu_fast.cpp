@@ -111,6 +111,33 @@ float* grow(Workspace& b, std::size_t n) {
   return b.data();
 }
 
+// check_attention_args with the finiteness of q, k and v scanned by all threads (a serial scan of
+// 3 T H d floats was about 10 % of a two-thread call at T = 1024; docs/benchmarks.md). A non-finite
+// value is then reported by the reference's own checks, in their order, so the message (argument,
+// first flat index) is the reference's.
+AttentionShape check_attention_args_parallel(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                             const AttentionOptions& opt) {
+  const AttentionShape s = check_attention_shapes(q, k, v, opt);
+  constexpr index_t kBlock = 4096;  // floats per task (16 KiB)
+  const Tensor<float>* t[3] = {&q, &k, &v};
+  const index_t nb[3] = {q.size() / kBlock, k.size() / kBlock, v.size() / kBlock};
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (index_t blk = 0; blk < nb[0] + nb[1] + nb[2]; ++blk) {
+    const int which = blk < nb[0] ? 0 : blk < nb[0] + nb[1] ? 1 : 2;
+    const index_t local = blk - (which > 0 ? nb[0] : 0) - (which > 1 ? nb[1] : 0);
+    finite = finite_lanes(t[which]->data() + local * kBlock, kBlock) && finite;
+  }
+  for (int i = 0; i < 3 && finite; ++i)  // the tails after the whole blocks
+    for (index_t j = nb[i] * kBlock; j < t[i]->size(); ++j) finite = finite && std::isfinite((*t[i])[j]);
+  if (!finite) {
+    require_finite(q, "q");
+    require_finite(k, "k");
+    require_finite(v, "v");
+  }
+  return s;
+}
+
 // Each (batch, query)'s visible keys (visible_range) in the calling thread's buffer: the begin of
 // (b, t) at [b Tq + t], its end B Tq further.
 index_t* key_ranges(const AttentionShape& s, const AttentionOptions& opt) {
@@ -712,7 +739,7 @@ void vector_exp(const float* x, float* y, index_t n) {
 
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r) {
-  check_attention_args(q, k, v, opt);
+  check_attention_args_parallel(q, k, v, opt);
   attention_impl(q, k, v, opt, r);
 }
 
@@ -725,7 +752,7 @@ AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<floa
 
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r, AttentionRowState& state) {
-  check_attention_args(q, k, v, opt);
+  check_attention_args_parallel(q, k, v, opt);
   OASIS_REQUIRE(opt.normalizer == RowNorm::softmax || opt.normalizer == RowNorm::softmax1, "normalizer",
                 "the row state is the online softmax's (softmax and softmax1), got ", to_string(opt.normalizer));
   attention_impl(q, k, v, opt, r, &state);
@@ -735,7 +762,7 @@ void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& 
                                    const AttentionResult<float>& forward, const AttentionRowState& state,
                                    const AttentionCotangents<float>& d, const AttentionOptions& opt,
                                    AttentionGrads<float>& g) {
-  const AttentionShape s = check_attention_args(q, k, v, opt);
+  const AttentionShape s = check_attention_args_parallel(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   check_forward(s, opt, forward, state);
   backward_impl(q, k, v, forward, state, d, opt, g);
@@ -743,7 +770,7 @@ void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& 
 
 AttentionGrads<float> token_attention_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                                const AttentionCotangents<float>& d, const AttentionOptions& opt) {
-  const AttentionShape s = check_attention_args(q, k, v, opt);
+  const AttentionShape s = check_attention_args_parallel(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   return forward_and_backward(q, k, v, d, opt);
 }

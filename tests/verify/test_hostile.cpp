@@ -148,7 +148,8 @@ std::string st_bytes(const std::string& header, const std::string& data) {
 class Hostile : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = ::testing::TempDir() + "oasis_hostile";
+    // one directory per process: ctest runs this suite's tests as concurrent processes
+    dir_ = ::testing::TempDir() + "oasis_hostile_" + std::to_string(getpid());
     fs::remove_all(dir_);
     // Things that are not regular files, named as tensor files so that they reach the loaders.
     fs::create_directories(dir_ + "/a_directory.npy");
@@ -187,6 +188,10 @@ class Hostile : public ::testing::Test {
     write_text(path, "{\"op\": \"model\", \"model\": \"" + weights +
                          "\", \"inputs\": {\"ids\": \"ids.npy\"}, \"outputs\": {\"logits\": \"logits.npy\"}}");
     return path;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
   }
   static std::string dir_;
 };

@@ -25,7 +25,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 if [ "$have_gpu" = 1 ] && cmake --build "$BUILD" --target help | grep -q '^bench_cuda'; then
   cmake --build "$BUILD" -j"$(nproc)" --target bench_cuda   # bench/cuda (CUDA backend's benchmarks)
 fi
-OUT=$(mktemp -d)
+OUT=${OASIS_BENCH_OUT:-$(mktemp -d)}  # the runs' JSON (OASIS_BENCH_OUT: kept in that folder)
+mkdir -p "$OUT"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 --benchmark_out="$OUT/cpu.json" \
   --benchmark_out_format=json "$@"

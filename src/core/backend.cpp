@@ -51,9 +51,12 @@ AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const 
                                        const Tensor<float>& v, const AttentionOptions& opt) {
   if (b == Backend::reference) return token_attention(q, k, v, opt);
   require_available(b);
+  if (b == Backend::cpu_fast) {
+    check_attention_shapes(q, k, v, opt);  // the fast path checks finiteness as it reads q, k and v
+    return detail::cpu_fast_token_attention(q, k, v, opt);
+  }
   check_attention_args(q, k, v, opt);
-  return b == Backend::cpu_fast ? detail::cpu_fast_token_attention(q, k, v, opt)
-                                : detail::cuda_token_attention(q, k, v, opt);
+  return detail::cuda_token_attention(q, k, v, opt);
 }
 
 AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q, const Tensor<float>& k,

@@ -211,8 +211,11 @@ inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
 // dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
 // Transposed in 4 x 4 blocks (four rows' four columns in registers, stored as four runs of four
 // floats) rather than one element at a time: a quarter of the strided stores.
-void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
+// Returns whether every value it read was finite (x - x is 0 for a finite x, NaN otherwise).
+bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
                 float* dst) {
+  F4 bad = {0.0f, 0.0f, 0.0f, 0.0f};
+  float bad_tail = 0.0f;
   const index_t j0 = tile * kKeyTile;
   const index_t full = std::max<index_t>(0, std::min(kKeyTile, T - j0)) / 4 * 4;  // keys in whole blocks of 4 rows
   const index_t d4 = d / 4 * 4;
@@ -224,6 +227,7 @@ void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t
     const float* r3 = r2 + xs.t;
     for (index_t c = 0; c < d4; c += 4) {
       const F4 a0 = load4(r0 + c), a1 = load4(r1 + c), a2 = load4(r2 + c), a3 = load4(r3 + c);
+      bad += ((a0 - a0) + (a1 - a1)) + ((a2 - a2) + (a3 - a3));
       const F4 t0 = OASIS_SHUFFLE2(a0, a1, 0, 4, 1, 5), t1 = OASIS_SHUFFLE2(a0, a1, 2, 6, 3, 7);
       const F4 t2 = OASIS_SHUFFLE2(a2, a3, 0, 4, 1, 5), t3 = OASIS_SHUFFLE2(a2, a3, 2, 6, 3, 7);
       float* o = dst + c * kKeyTile + jj;
@@ -237,20 +241,38 @@ void pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t
       dst[c * kKeyTile + jj + 1] = r1[c];
       dst[c * kKeyTile + jj + 2] = r2[c];
       dst[c * kKeyTile + jj + 3] = r3[c];
+      bad_tail += ((r0[c] - r0[c]) + (r1[c] - r1[c])) + ((r2[c] - r2[c]) + (r3[c] - r3[c]));
     }
   }
   for (index_t jj = full; jj < kKeyTile; ++jj) {  // the last rows, and zeros past row T
     const index_t j = j0 + jj;
     const float* src = base + j * xs.t;
-    for (index_t c = 0; c < d; ++c) dst[c * kKeyTile + jj] = j < T ? src[c] : 0.0f;
+    for (index_t c = 0; c < d; ++c) {
+      const float x_c = j < T ? src[c] : 0.0f;
+      dst[c * kKeyTile + jj] = x_c;
+      bad_tail += x_c - x_c;
+    }
   }
+  return bad[0] == 0.0f && bad[1] == 0.0f && bad[2] == 0.0f && bad[3] == 0.0f && bad_tail == 0.0f;
+}
+
+// Whether the n floats at x are all finite (finite_lanes on whole blocks of 16, then the rest).
+bool finite_row(const float* x, index_t n) {
+  const index_t n16 = n / 16 * 16;
+  bool ok = finite_lanes(x, n16);
+  for (index_t i = n16; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
 }
 #undef OASIS_SHUFFLE2
 
-// Arguments already validated (check_attention_args). q, k, v and out are read and written in
-// their layout through strides; only the keys are packed (into the score gemm's B panels, as in
-// either layout) and the values when d_v is not a whole number of vectors. `state`, when given,
-// receives each row's final (M, S) (the backward's input).
+// Arguments validated except for the finiteness of q, k and v (check_attention_shapes): that is
+// checked where the values are read anyway (the key packing, the value copy or a pass over v in
+// place, each task's query rows before its first product), and a non-finite value is then
+// reported by the reference's checks in their order (q, k, v), with their messages, before any
+// error of the scores. q, k, v and out are read and written in their layout through strides; the
+// keys are packed (into the score gemm's B panels, as in either layout), and the values unless
+// their rows are whole vectors on cache lines. `state`, when given, receives each row's final
+// (M, S) (the backward's input).
 void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const AttentionOptions& opt, AttentionResult<float>& r,
                     cpu_fast::AttentionRowState* state = nullptr) {
@@ -300,23 +322,28 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
 
   const float* kd_ = k.data();
   const float* vd = v.data();
-#pragma omp parallel for collapse(2) schedule(static)
+  bool finite = true;
+#pragma omp parallel for collapse(2) schedule(static) reduction(&& : finite)
   for (index_t bh = 0; bh < BHkv; ++bh)
     for (index_t tile = 0; tile < nt; ++tile) {
       const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
-      pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile);
-      if (pack_v)
-        for (index_t j = tile * kKeyTile; j < std::min(s.Tk, (tile + 1) * kKeyTile); ++j) {
-          const float* src = vd + b * vs.b + hk * vs.h + j * vs.t;
+      finite = pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile) && finite;
+      for (index_t j = tile * kKeyTile; j < std::min(s.Tk, (tile + 1) * kKeyTile); ++j) {
+        const float* src = vd + b * vs.b + hk * vs.h + j * vs.t;
+        if (pack_v) {
           float* row = vp + (bh * s.Tk + j) * ldv;
           for (index_t c = 0; c < ldv; ++c) row[c] = c < s.d_v ? src[c] : 0.0f;
+          finite = finite_row(row, ldv) && finite;  // the padding is zeros
+        } else {
+          finite = finite_row(src, s.d_v) && finite;
         }
+      }
     }
 
   const Tensor<double>& bias = opt.bias;
   const index_t nqb = (s.Tq + kQueryTile - 1) / kQueryTile;
   const index_t tasks = s.B * s.H * nqb;
-#pragma omp parallel
+#pragma omp parallel reduction(&& : finite)
   {
     float* w = grow(tl_tile, static_cast<std::size_t>(kQueryTile * kKeyTile + kQueryTile * ldv));
     if (tl_state.size() < static_cast<std::size_t>(kQueryTile)) tl_state.resize(static_cast<std::size_t>(kQueryTile));
@@ -331,6 +358,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
       a.d_h = s.d_h;
       a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
       a.ldq = qs.t;
+      for (index_t i = 0; i < a.rows; ++i) finite = finite_row(a.q + i * a.ldq, s.d_h) && finite;
       a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kKeyTile;
       a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
       a.ldv_in = pack_v ? ldv : vs.t;
@@ -361,6 +389,11 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
       a.row_sum = state ? state->sum.data() + row0 : nullptr;
       K.attention_block(a);
     }
+  }
+  if (!finite) {
+    require_finite(q, "q");
+    require_finite(k, "k");
+    require_finite(v, "v");
   }
   check_rows(s, opt, r);  // B H Tq values: nothing next to the attention itself
 }
@@ -739,7 +772,7 @@ void vector_exp(const float* x, float* y, index_t n) {
 
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r) {
-  check_attention_args_parallel(q, k, v, opt);
+  check_attention_shapes(q, k, v, opt);  // finiteness: attention_impl
   attention_impl(q, k, v, opt, r);
 }
 
@@ -752,7 +785,9 @@ AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<floa
 
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r, AttentionRowState& state) {
-  check_attention_args_parallel(q, k, v, opt);
+  check_attention_shapes(q, k, v, opt);  // finiteness: attention_impl, or the reference's check below
+  if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1)
+    check_attention_args(q, k, v, opt);  // a non-finite input is reported before the normaliser
   OASIS_REQUIRE(opt.normalizer == RowNorm::softmax || opt.normalizer == RowNorm::softmax1, "normalizer",
                 "the row state is the online softmax's (softmax and softmax1), got ", to_string(opt.normalizer));
   attention_impl(q, k, v, opt, r, &state);
@@ -799,7 +834,7 @@ bool cpu_fast_available(std::string* why) {
 AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
                                                 const Tensor<float>& v, const AttentionOptions& opt) {
   AttentionResult<float> r;
-  attention_impl(q, k, v, opt, r);  // validated by the dispatcher
+  attention_impl(q, k, v, opt, r);  // shapes and options validated by the dispatcher
   return r;
 }
 

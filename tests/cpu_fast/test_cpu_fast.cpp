@@ -312,6 +312,63 @@ TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {
   }
 }
 
+// The fast path checks q, k and v for finiteness while it packs and reads them; a NaN or +-inf
+// anywhere (first, middle and last element, so also the packing's tail rows and columns) must
+// give the reference's error message, argument and first index, in the reference's order (q, then
+// k, then v) when several inputs are bad, on every ISA, through every forward entry point, with
+// values copied or read in place.
+TEST(CpuFastAttention, NonFiniteInputsSameErrorAsReference) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  IsaGuard guard;
+  for (const std::size_t ci : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    Case c = cases()[ci];
+    if (ci == 1) {  // small enough for some copies of v to start on a cache line (in place)
+      c.H_kv = 1;
+      c.Tk = 100;
+    }
+    for (const AttentionLayout layout : {AttentionLayout::bhtd, AttentionLayout::bthd}) {
+      const Inputs in = make_inputs(with(c, 0, 0, layout), 7100 + ci);
+      auto message = [&](auto&& call) {
+        try {
+          call();
+        } catch (const invalid_argument& e) {
+          return std::string(e.what());
+        }
+        return std::string("(nothing thrown)");
+      };
+      struct Bad {
+        int which;  // 0 q, 1 k, 2 v
+        index_t at;
+        float value;
+      };
+      std::vector<std::vector<Bad>> patterns;
+      for (int w = 0; w < 3; ++w) {
+        const index_t n = (w == 0 ? in.q : w == 1 ? in.k : in.v).size();
+        patterns.push_back({{w, 0, nan}});
+        patterns.push_back({{w, n / 2 + 1, inf}});
+        patterns.push_back({{w, n - 1, -inf}});
+      }
+      patterns.push_back({{2, 5, nan}, {0, in.q.size() - 2, inf}});  // v and q bad: q reported
+      patterns.push_back({{2, 0, inf}, {1, in.k.size() - 1, nan}});  // v and k bad: k reported
+      for (const auto& pattern : patterns) {
+        Tensor<float> q = in.q, k = in.k, v = in.v;
+        for (const Bad& b : pattern) (b.which == 0 ? q : b.which == 1 ? k : v)[b.at] = b.value;
+        const std::string ref = message([&] { token_attention(q, k, v, in.opt); });
+        SCOPED_TRACE(std::string(c.name) + " " + std::string(to_string(layout)) + ": " + ref);
+        ASSERT_NE(ref, "(nothing thrown)");
+        for (const std::string& isa : cpu_fast::available_isas()) {
+          cpu_fast::set_isa(isa);
+          EXPECT_EQ(message([&] { cpu_fast::token_attention(q, k, v, in.opt); }), ref) << isa;
+          EXPECT_EQ(message([&] { token_attention(Backend::cpu_fast, q, k, v, in.opt); }), ref) << isa;
+          AttentionResult<float> r;
+          cpu_fast::AttentionRowState st;
+          EXPECT_EQ(message([&] { cpu_fast::token_attention_into(q, k, v, in.opt, r, st); }), ref) << isa;
+        }
+      }
+    }
+  }
+}
+
 // ---- attention backward: parity with the mp50 oracle for every ISA -------------------------------
 
 template <class T>

@@ -163,6 +163,57 @@ void note_row_mismatch(TensorReport& t, const std::string& name, index_t i, doub
   t.first_mismatches.push_back(name + shape_str(ix) + buf);
 }
 
+/// Row parity of `got` (rows of w values) against the replay `oracle` (scalar S: double or mp50).
+/// The exact replay x_hp is within E[r] of `oracle` on row r (exact: E empty, oracle = x_hp), and
+/// the last step's error e_last is known to within the relative rho. Per row, with x_ref the plain
+/// reference in the implementation's precision,
+///   allowed = 2 max|x_ref - x_hp| + 0.5 ulp_D(max|x_hp|) + 2 max e_last,
+/// and an element fails when |x - x_hp| > allowed. Differences are taken in S. With E given, each
+/// element is decided on the intervals that E and rho leave (the largest and smallest allowed
+/// against the error's range); false when one is left open (t is then incomplete). An exact
+/// oracle decides every element.
+template <class S>
+bool row_verdict(const std::string& name, const StoredTensor& got, const Tensor<double>& x_ref, const Tensor<S>& oracle,
+                 const std::vector<double>& E, double rho, const Tensor<double>& e_last, index_t w,
+                 const CompareOptions& opt, TensorReport& t) {
+  using std::abs;
+  const DType D = got.dtype;
+  const bool exact = E.empty();
+  const index_t rows = got.values.size() / w;
+  for (index_t r = 0; r < rows; ++r) {
+    const double Er = exact ? 0.0 : E[static_cast<std::size_t>(r)];
+    double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
+    for (index_t c = 0; c < w; ++c) {
+      const index_t i = r * w + c;
+      e_ref = std::max(e_ref, static_cast<double>(abs(S(x_ref[i]) - oracle[i])));
+      hmax = std::max(hmax, std::abs(static_cast<double>(oracle[i])));
+      elast = std::max(elast, e_last[i]);
+    }
+    const double lo = 2.0 * std::max(e_ref - Er, 0.0) + 0.5 * io::dtype_ulp(D, std::max(hmax - Er, 0.0)) +
+                      2.0 * elast * (1 - rho);
+    const double hi = 2.0 * (e_ref + Er) + 0.5 * io::dtype_ulp(D, hmax + Er) + 2.0 * elast * (1 + rho);
+    const double allowed = 2.0 * e_ref + 0.5 * io::dtype_ulp(D, hmax) + 2.0 * elast;
+    for (index_t c = 0; c < w; ++c) {
+      const index_t i = r * w + c;
+      const double x = got.values[i], h = static_cast<double>(oracle[i]);
+      const double err = std::isfinite(x) ? static_cast<double>(abs(S(x) - oracle[i])) : INFINITY;
+      const bool fails = exact ? !(err <= allowed) : err - Er > hi;
+      if (!exact && !fails && !(err + Er <= lo)) return false;
+      e_x = std::max(e_x, err);
+      t.max_abs = std::max(t.max_abs, err);
+      if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
+      t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
+      if (fails) {
+        if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
+        ++t.violations;
+      }
+    }
+    t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
+  }
+  t.passed = t.violations == 0;
+  return true;
+}
+
 /// The end-to-end verdict of `name` (logits or state): row parity against the replays. fast: the
 /// exact replay x_hp is taken as the double replay x_d with |x_d - x_hp| <= E_r on row r, and each
 /// element is decided on intervals; E_r is (1) kOwnError x the composed forward bound at u = 2^-53
@@ -196,52 +247,12 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
     replay = om::trace_tensors(r, D);
   }
   const index_t w = want.back(), rows = got.values.size() / w;
-  auto fresh = [&] {
-    TensorReport t;
-    t.name = name;
-    t.dtype = D;
-    t.shape = got.values.shape();
-    t.elements = got.values.size();
-    return t;
-  };
-
-  // The verdict against x_d with |x_d - x_hp| <= E[r] on row r; false when a row is left open.
+  // The verdict against the double replay xd with |xd - x_hp| <= E[r] on row r; false when a row is left open.
   auto judge = [&](const Tensor<double>& xd, const std::vector<double>& E, TensorReport& t) {
     ModelCheckerOf<double> rc(ms.d, replay, ids, B, Tn);
     const Tensor<double> e_last =
         scaled(logits ? rc.expected("logits", replay.at("logits"), wide).e : rc.readout_step(wide).e.reshaped(want), D);
-    for (index_t r = 0; r < rows; ++r) {
-      const double Er = E[static_cast<std::size_t>(r)];
-      double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
-      for (index_t c = 0; c < w; ++c) {
-        const index_t i = r * w + c;
-        e_ref = std::max(e_ref, std::abs(x_ref[i] - xd[i]));
-        hmax = std::max(hmax, std::abs(xd[i]));
-        elast = std::max(elast, e_last[i]);
-      }
-      // allowed = 2 max|x_ref - x_hp| + 0.5 ulp_D(max|x_hp|) + 2 e_last, between lo and hi
-      const double lo = 2.0 * std::max(e_ref - Er, 0.0) + 0.5 * io::dtype_ulp(D, std::max(hmax - Er, 0.0)) +
-                        2.0 * elast * (1 - kBoundRho);
-      const double hi = 2.0 * (e_ref + Er) + 0.5 * io::dtype_ulp(D, hmax + Er) + 2.0 * elast * (1 + kBoundRho);
-      const double allowed = 2.0 * e_ref + 0.5 * io::dtype_ulp(D, hmax) + 2.0 * elast;
-      for (index_t c = 0; c < w; ++c) {
-        const index_t i = r * w + c;
-        const double x = got.values[i], h = xd[i];
-        const double err = std::isfinite(x) ? std::abs(x - h) : INFINITY;
-        if (!(err + Er <= lo) && !(err - Er > hi)) return false;
-        e_x = std::max(e_x, err);
-        t.max_abs = std::max(t.max_abs, err);
-        if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
-        t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
-        if (err - Er > hi) {
-          if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
-          ++t.violations;
-        }
-      }
-      t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
-    }
-    t.passed = t.violations == 0;
-    return true;
+    return row_verdict(name, got, x_ref, xd, E, kBoundRho, e_last, w, opt, t);
   };
 
   if (fast) {
@@ -261,7 +272,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
       if (bounded) {
         std::vector<double> E = logits ? hd.logit_error : hd.state_error;
         for (double& e : E) e *= kOwnError;
-        TensorReport t = fresh();
+        TensorReport t = report_of(name, got);
         if (judge(logits ? hd.logits : hd.state, E, t)) {
           oracle = name + ": double replay within its worst-case bound";
           return t;
@@ -289,7 +300,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
         }
         E[static_cast<std::size_t>(r)] = kLdSafety * (dmax + kU53 * xmax);
       }
-      TensorReport t = fresh();
+      TensorReport t = report_of(name, got);
       if (judge(xd, E, t)) {
         oracle = name + ": double replay, error estimated by a long double replay";
         return t;
@@ -298,40 +309,14 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
     recomputed = true;
   }
   oracle = name + ": mp50 replay";
-  TensorReport t = fresh();
+  TensorReport t = report_of(name, got);
   const om::Model<mp50>& m = ms.mp();
   const om::ForwardResult<mp50> hp = m.forward(ids, B, Tn);
-  const Tensor<mp50>& x_hp = name == "logits" ? hp.logits : hp.state;
+  const Tensor<mp50>& x_hp = logits ? hp.logits : hp.state;
   ModelChecker rc(m, replay, ids, B, Tn);
-  const Tensor<double> e_last = scaled(name == "logits" ? rc.expected("logits", replay.at("logits"), wide).e
-                                                        : rc.readout_step(wide).e.reshaped(x_hp.shape()),
-                                       D);
-  for (index_t r = 0; r < rows; ++r) {
-    double e_ref = 0, hmax = 0, elast = 0, e_x = 0;
-    for (index_t c = 0; c < w; ++c) {
-      const index_t i = r * w + c;
-      const double h = static_cast<double>(x_hp[i]);
-      e_ref = std::max(e_ref, static_cast<double>(abs(mp50(x_ref[i]) - x_hp[i])));
-      hmax = std::max(hmax, std::abs(h));
-      elast = std::max(elast, e_last[i]);
-    }
-    const double allowed = 2.0 * e_ref + 0.5 * io::dtype_ulp(D, hmax) + 2.0 * elast;
-    for (index_t c = 0; c < w; ++c) {
-      const index_t i = r * w + c;
-      const double x = got.values[i], h = static_cast<double>(x_hp[i]);
-      const double err = std::isfinite(x) ? static_cast<double>(abs(mp50(x) - x_hp[i])) : INFINITY;
-      e_x = std::max(e_x, err);
-      t.max_abs = std::max(t.max_abs, err);
-      if (h != 0) t.max_rel = std::max(t.max_rel, err / std::abs(h));
-      t.max_ulps = std::max(t.max_ulps, err / io::dtype_ulp(D, h));
-      if (!(err <= allowed)) {
-        if (t.violations < opt.show) note_row_mismatch(t, name, i, x, h, err, allowed, e_ref);
-        ++t.violations;
-      }
-    }
-    t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
-  }
-  t.passed = t.violations == 0;
+  const Tensor<double> e_last =
+      scaled(logits ? rc.expected("logits", replay.at("logits"), wide).e : rc.readout_step(wide).e.reshaped(want), D);
+  row_verdict(name, got, x_ref, x_hp, {}, 0.0, e_last, w, opt, t);
   return t;
 }
 

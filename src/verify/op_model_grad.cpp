@@ -97,11 +97,7 @@ std::string known_names(const om::ModelGrads<mp50>& g) {
 template <class T>
 TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, const Tensor<T>& ref,
                          const Tensor<mp50>& hp, index_t N, int show) {
-  TensorReport r;
-  r.name = name;
-  r.dtype = got.dtype;
-  r.shape = got.values.shape();
-  r.elements = got.values.size();
+  TensorReport r = report_of(name, got);
   if (got.values.shape() != hp.shape()) {
     r.problem = "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " +
                 shape_str(hp.shape());

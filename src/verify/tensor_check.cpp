@@ -137,12 +137,17 @@ void TensorCheck::merge(const TensorCheck& o) {
   for (const auto& m : o.mismatches_) note_mismatch(m.first, m.second);
 }
 
-TensorReport TensorCheck::finish(const std::string& bound) const {
+TensorReport report_of(const std::string& name, const io::StoredTensor& got) {
   TensorReport r;
-  r.name = name_;
-  r.dtype = got_->dtype;
-  r.shape = got_->values.shape();
-  r.elements = got_->values.size();
+  r.name = name;
+  r.dtype = got.dtype;
+  r.shape = got.values.shape();
+  r.elements = got.values.size();
+  return r;
+}
+
+TensorReport TensorCheck::finish(const std::string& bound) const {
+  TensorReport r = report_of(name_, *got_);
   r.checked = checked_;
   r.bound = bound;
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -171,11 +176,7 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
 }
 
 TensorReport tensor_failure(const std::string& name, const io::StoredTensor& got, std::string problem, bool certain) {
-  TensorReport r;
-  r.name = name;
-  r.dtype = got.dtype;
-  r.shape = got.values.shape();
-  r.elements = got.values.size();
+  TensorReport r = report_of(name, got);
   r.problem = std::move(problem);
   r.violations = r.elements;
   if (certain) {

@@ -63,6 +63,8 @@ class TensorCheck {
   std::vector<std::pair<index_t, std::string>> mismatches_;
 };
 
+/// The report of `got` before any verdict: its name, dtype, shape and element count.
+TensorReport report_of(const std::string& name, const io::StoredTensor& got);
 /// A whole-tensor failure stating `problem`; `certain`: a proof that the tensor is wrong (FAIL-certain).
 TensorReport tensor_failure(const std::string& name, const io::StoredTensor& got, std::string problem, bool certain);
 /// A tensor whose shape differs from the oracle's: the whole tensor fails, naming both shapes.

@@ -659,7 +659,9 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
                 const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
   // the reference's shape checks (oasis/depth.hpp); the finiteness of the sources is checked
   // during the mixing (and reported with the reference's message).
-  const auto [n, N, d] = check_route_shapes(sources, g_old, psi, kinds);
+  // plain variables, not a structured binding: OpenMP regions may not capture bindings (clang)
+  const RouteShape shape = check_route_shapes(sources, g_old, psi, kinds);
+  const index_t n = shape.n, N = shape.N, d = shape.d;
   ensure_shape(r.h, {N, d});
   ensure_shape(r.alpha, {n, N});
   ensure_shape(r.alpha_null, {N});

@@ -111,8 +111,9 @@ float* grow(Workspace& b, std::size_t n) {
   return b.data();
 }
 
-// check_attention_args with the finiteness of q, k and v scanned by all threads (a serial scan of
-// 3 T H d floats was about 10 % of a two-thread call at T = 1024; docs/benchmarks.md). A non-finite
+// check_attention_args with the finiteness of q, k and v scanned by all threads, for the backward
+// (a serial scan of 3 T H d floats was about 10 % of a two-thread forward at T = 1024, which now
+// checks where it reads, in attention_impl; docs/benchmarks.md). A non-finite
 // value is then reported by the reference's own checks, in their order, so the message (argument,
 // first flat index) is the reference's.
 AttentionShape check_attention_args_parallel(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,

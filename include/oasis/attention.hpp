@@ -147,14 +147,20 @@ AttentionShape check_attention_shapes(const Tensor<T>& q, const Tensor<T>& k, co
   return s;
 }
 
-/// check_attention_shapes, then q, k and v finite (in that order: the first failure is reported).
+/// q, k and v finite, checked in that order (the first failure is reported).
+template <class T>
+void require_finite_inputs(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) {
+  require_finite(q, "q");
+  require_finite(k, "k");
+  require_finite(v, "v");
+}
+
+/// check_attention_shapes, then require_finite_inputs.
 template <class T>
 AttentionShape check_attention_args(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                     const AttentionOptions& opt) {
   const AttentionShape s = check_attention_shapes(q, k, v, opt);
-  require_finite(q, "q");
-  require_finite(k, "k");
-  require_finite(v, "v");
+  require_finite_inputs(q, k, v);
   return s;
 }
 

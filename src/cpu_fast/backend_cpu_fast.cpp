@@ -111,6 +111,14 @@ float* grow(Workspace& b, std::size_t n) {
   return b.data();
 }
 
+// Whether the n floats at x are all finite (finite_lanes on whole blocks of 16, then the rest).
+bool finite_row(const float* x, index_t n) {
+  const index_t n16 = n / 16 * 16;
+  bool ok = finite_lanes(x, n16);
+  for (index_t i = n16; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
 // check_attention_args with the finiteness of q, k and v scanned by all threads, for the backward
 // (a serial scan of 3 T H d floats was about 10 % of a two-thread forward at T = 1024, which now
 // checks where it reads, in attention_impl; docs/benchmarks.md). A non-finite
@@ -129,12 +137,10 @@ AttentionShape check_attention_args_parallel(const Tensor<float>& q, const Tenso
     const index_t local = blk - (which > 0 ? nb[0] : 0) - (which > 1 ? nb[1] : 0);
     finite = finite_lanes(t[which]->data() + local * kBlock, kBlock) && finite;
   }
-  for (int i = 0; i < 3 && finite; ++i)  // the tails after the whole blocks
-    for (index_t j = nb[i] * kBlock; j < t[i]->size(); ++j) finite = finite && std::isfinite((*t[i])[j]);
+  for (int i = 0; i < 3; ++i)  // the tails after the whole blocks
+    finite = finite_row(t[i]->data() + nb[i] * kBlock, t[i]->size() - nb[i] * kBlock) && finite;
   if (!finite) {
-    require_finite(q, "q");
-    require_finite(k, "k");
-    require_finite(v, "v");
+    require_finite_inputs(q, k, v);
   }
   return s;
 }
@@ -257,13 +263,6 @@ bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t
   return bad[0] == 0.0f && bad[1] == 0.0f && bad[2] == 0.0f && bad[3] == 0.0f && bad_tail == 0.0f;
 }
 
-// Whether the n floats at x are all finite (finite_lanes on whole blocks of 16, then the rest).
-bool finite_row(const float* x, index_t n) {
-  const index_t n16 = n / 16 * 16;
-  bool ok = finite_lanes(x, n16);
-  for (index_t i = n16; i < n; ++i) ok = ok && std::isfinite(x[i]);
-  return ok;
-}
 #undef OASIS_SHUFFLE2
 
 // Arguments validated except for the finiteness of q, k and v (check_attention_shapes): that is
@@ -392,9 +391,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
     }
   }
   if (!finite) {
-    require_finite(q, "q");
-    require_finite(k, "k");
-    require_finite(v, "v");
+    require_finite_inputs(q, k, v);
   }
   check_rows(s, opt, r);  // B H Tq values: nothing next to the attention itself
 }

@@ -64,9 +64,9 @@ AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q
                                                const AttentionOptions& opt) {
   if (b == Backend::reference) return token_attention_backward(q, k, v, d, opt);
   require_available(b);
+  if (b == Backend::cpu_fast) return detail::cpu_fast_token_attention_backward(q, k, v, d, opt);  // validates
   check_attention_cotangents(check_attention_args(q, k, v, opt), opt, d);
-  return b == Backend::cpu_fast ? detail::cpu_fast_token_attention_backward(q, k, v, d, opt)
-                                : detail::cuda_token_attention_backward(q, k, v, d, opt);
+  return detail::cuda_token_attention_backward(q, k, v, d, opt);
 }
 
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,

@@ -97,7 +97,7 @@ using Workspace = std::vector<float, CacheLineAllocator<float>>;
 thread_local Workspace tl_kt, tl_v, tl_tile, tl_alpha;
 // the backward's packed operands, per-row arrays and dq buffers (calling thread), and each OpenMP
 // thread's tile workspace
-thread_local Workspace tl_qp, tl_dop, tl_kp, tl_vt, tl_rows, tl_dq, tl_dz, tl_bwd;
+thread_local Workspace tl_qp, tl_dop, tl_kp, tl_ktb, tl_vt, tl_rows, tl_dq, tl_dz, tl_bwd;
 thread_local std::vector<index_t> tl_chunks;
 thread_local std::vector<index_t> tl_span;
 thread_local std::vector<online::State> tl_state;
@@ -109,40 +109,6 @@ float* grow(Workspace& b, std::size_t n) {
     b.resize(n);
   }
   return b.data();
-}
-
-// Whether the n floats at x are all finite (finite_lanes on whole blocks of 16, then the rest).
-bool finite_row(const float* x, index_t n) {
-  const index_t n16 = n / 16 * 16;
-  bool ok = finite_lanes(x, n16);
-  for (index_t i = n16; i < n; ++i) ok = ok && std::isfinite(x[i]);
-  return ok;
-}
-
-// check_attention_args with the finiteness of q, k and v scanned by all threads, for the backward
-// (a serial scan of 3 T H d floats was about 10 % of a two-thread forward at T = 1024, which now
-// checks where it reads, in attention_impl; docs/benchmarks.md). A non-finite
-// value is then reported by the reference's own checks, in their order, so the message (argument,
-// first flat index) is the reference's.
-AttentionShape check_attention_args_parallel(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                                             const AttentionOptions& opt) {
-  const AttentionShape s = check_attention_shapes(q, k, v, opt);
-  constexpr index_t kBlock = 4096;  // floats per task (16 KiB)
-  const Tensor<float>* t[3] = {&q, &k, &v};
-  const index_t nb[3] = {q.size() / kBlock, k.size() / kBlock, v.size() / kBlock};
-  bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite)
-  for (index_t blk = 0; blk < nb[0] + nb[1] + nb[2]; ++blk) {
-    const int which = blk < nb[0] ? 0 : blk < nb[0] + nb[1] ? 1 : 2;
-    const index_t local = blk - (which > 0 ? nb[0] : 0) - (which > 1 ? nb[1] : 0);
-    finite = finite_lanes(t[which]->data() + local * kBlock, kBlock) && finite;
-  }
-  for (int i = 0; i < 3; ++i)  // the tails after the whole blocks
-    finite = finite_row(t[i]->data() + nb[i] * kBlock, t[i]->size() - nb[i] * kBlock) && finite;
-  if (!finite) {
-    require_finite_inputs(q, k, v);
-  }
-  return s;
 }
 
 // Each (batch, query)'s visible keys (visible_range) in the calling thread's buffer: the begin of
@@ -328,16 +294,11 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
     for (index_t tile = 0; tile < nt; ++tile) {
       const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
       finite = pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile) && finite;
-      for (index_t j = tile * kKeyTile; j < std::min(s.Tk, (tile + 1) * kKeyTile); ++j) {
-        const float* src = vd + b * vs.b + hk * vs.h + j * vs.t;
-        if (pack_v) {
-          float* row = vp + (bh * s.Tk + j) * ldv;
-          for (index_t c = 0; c < ldv; ++c) row[c] = c < s.d_v ? src[c] : 0.0f;
-          finite = finite_row(row, ldv) && finite;  // the padding is zeros
-        } else {
-          finite = finite_row(src, s.d_v) && finite;
-        }
-      }
+      const index_t j0 = tile * kKeyTile, nj = std::min(s.Tk - j0, kKeyTile);
+      const float* src = vd + b * vs.b + hk * vs.h + j0 * vs.t;
+      finite = (pack_v ? K.copy_rows(src, vs.t, nj, s.d_v, vp + (bh * s.Tk + j0) * ldv, ldv)
+                       : K.finite_rows(src, vs.t, nj, s.d_v)) &&
+               finite;
     }
 
   const Tensor<double>& bias = opt.bias;
@@ -358,7 +319,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
       a.d_h = s.d_h;
       a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
       a.ldq = qs.t;
-      for (index_t i = 0; i < a.rows; ++i) finite = finite_row(a.q + i * a.ldq, s.d_h) && finite;
+      finite = K.finite_rows(a.q, a.ldq, a.rows, s.d_h) && finite;
       a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kKeyTile;
       a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
       a.ldv_in = pack_v ? ldv : vs.t;
@@ -435,25 +396,95 @@ void chunk_tiles(const index_t* kbegin, const index_t* kend, index_t Tq, index_t
   for (; c <= nc; ++c) bound[c] = nt;
 }
 
-// Arguments validated (check_attention_args, check_attention_cotangents, check_forward); softmax
-// or softmax1.
+// The backward's dimensions: the shape, the strides of q, k, v, and the packed operands' row
+// lengths (d_h and d_v in whole vectors of the active kernels).
+struct BwdLayout {
+  AttentionShape s;
+  Strides qs, ks, vs;
+  index_t group, nt, ldh, ldv, BHkv, nrows;
+};
+BwdLayout bwd_layout(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                     const AttentionOptions& opt) {
+  BwdLayout L{};
+  AttentionShape& s = L.s;
+  index_t kb, vb, vh, vt, kd;
+  detail::bhtd_dims(q, opt.layout, s.B, s.H, s.Tq, s.d_h);
+  detail::bhtd_dims(k, opt.layout, kb, s.H_kv, s.Tk, kd);
+  detail::bhtd_dims(v, opt.layout, vb, vh, vt, s.d_v);
+  L.qs = strides_of(q, opt.layout);
+  L.ks = strides_of(k, opt.layout);
+  L.vs = strides_of(v, opt.layout);
+  const index_t W = active().lanes;
+  L.group = s.H / s.H_kv;
+  L.nt = (s.Tk + kKeyTile - 1) / kKeyTile;
+  L.ldh = (s.d_h + W - 1) / W * W;
+  L.ldv = (s.d_v + W - 1) / W * W;
+  L.BHkv = s.B * s.H_kv;
+  L.nrows = s.B * s.H * s.Tq;
+  return L;
+}
+
+// The backward's packed inputs, in the calling thread's workspaces: q rows padded to ldh (qp),
+// keys as rows (kp) and as the score gemm's panels (kt), values as panels (vt). Returns whether
+// every value of q, k and v was finite: each is read once, here, before the cotangents and the
+// forward are checked, so that a non-finite input is reported first, as by the reference
+// (check_attention_args). Shapes validated (check_attention_shapes).
+bool pack_backward_inputs(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                          const AttentionOptions& opt) {
+  const BwdLayout L = bwd_layout(q, k, v, opt);
+  const AttentionShape& s = L.s;
+  const Kernels& K = active();
+  float* qp = grow(tl_qp, static_cast<std::size_t>(L.nrows * L.ldh));
+  float* kp = grow(tl_kp, static_cast<std::size_t>(L.BHkv * L.nt * kKeyTile * L.ldh));
+  float* kt = grow(tl_ktb, static_cast<std::size_t>(L.BHkv * L.nt * s.d_h * kKeyTile));
+  float* vt = grow(tl_vt, static_cast<std::size_t>(L.BHkv * L.nt * s.d_v * kKeyTile));
+  const index_t nqblk = (s.Tq + kKeyTile - 1) / kKeyTile;  // blocks of kKeyTile query rows
+  bool finite = true;
+#pragma omp parallel for collapse(2) schedule(static) reduction(&& : finite)
+  for (index_t bh = 0; bh < s.B * s.H; ++bh)
+    for (index_t blk = 0; blk < nqblk; ++blk) {
+      const index_t b = bh / s.H, h = bh % s.H, t0 = blk * kKeyTile;
+      finite = K.copy_rows(q.data() + b * L.qs.b + h * L.qs.h + t0 * L.qs.t, L.qs.t, std::min(kKeyTile, s.Tq - t0),
+                           s.d_h, qp + (bh * s.Tq + t0) * L.ldh, L.ldh) &&
+               finite;
+    }
+#pragma omp parallel for collapse(2) schedule(static) reduction(&& : finite)
+  for (index_t bh = 0; bh < L.BHkv; ++bh)
+    for (index_t tile = 0; tile < L.nt; ++tile) {
+      const index_t b = bh / s.H_kv, hk = bh % s.H_kv, j0 = tile * kKeyTile;
+      finite = pack_panel(k.data(), L.ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * L.nt + tile) * s.d_h * kKeyTile) &&
+               finite;
+      finite = pack_panel(v.data(), L.vs, b, hk, tile, s.Tk, s.d_v, vt + (bh * L.nt + tile) * s.d_v * kKeyTile) &&
+               finite;
+      const index_t nj = std::min(kKeyTile, s.Tk - j0);  // the tile's keys, then zero rows to its end
+      float* dst = kp + (bh * L.nt * kKeyTile + j0) * L.ldh;
+      K.copy_rows(k.data() + b * L.ks.b + hk * L.ks.h + j0 * L.ks.t, L.ks.t, nj, s.d_h, dst, L.ldh);
+      std::fill(dst + nj * L.ldh, dst + kKeyTile * L.ldh, 0.0f);
+    }
+  return finite;
+}
+
+// check_attention_args for the backward: the shapes, then pack_backward_inputs, whose reading of
+// q, k and v is the finiteness check (a non-finite value is then reported by the reference's
+// check, with its message). Returns the shape.
+AttentionShape check_and_pack_backward_inputs(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                                              const AttentionOptions& opt) {
+  const AttentionShape s = check_attention_shapes(q, k, v, opt);
+  if (!pack_backward_inputs(q, k, v, opt)) require_finite_inputs(q, k, v);
+  return s;
+}
+
+// Arguments validated (check_attention_shapes, pack_backward_inputs returned true on the same q, k
+// and v, check_attention_cotangents, check_forward); softmax or softmax1.
 void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                    const AttentionResult<float>& fwd, const cpu_fast::AttentionRowState& st,
                    const AttentionCotangents<float>& d, const AttentionOptions& opt, AttentionGrads<float>& g) {
-  AttentionShape s{};
-  index_t kb, vb, vh, vt_, kd;
-  detail::bhtd_dims(q, opt.layout, s.B, s.H, s.Tq, s.d_h);
-  detail::bhtd_dims(k, opt.layout, kb, s.H_kv, s.Tk, kd);
-  detail::bhtd_dims(v, opt.layout, vb, vh, vt_, s.d_v);
-  const Strides qs = strides_of(q, opt.layout), ks = strides_of(k, opt.layout), vs = strides_of(v, opt.layout);
+  const BwdLayout L = bwd_layout(q, k, v, opt);
+  const AttentionShape& s = L.s;
   const Strides os = strides_of(fwd.out, opt.layout);
   const bool has_null = opt.normalizer == RowNorm::softmax1;
   const Kernels& K = active();
-  const index_t W = K.lanes;
-  const index_t group = s.H / s.H_kv;
-  const index_t nt = (s.Tk + kKeyTile - 1) / kKeyTile;
-  const index_t ldh = (s.d_h + W - 1) / W * W, ldv = (s.d_v + W - 1) / W * W;
-  const index_t BHkv = s.B * s.H_kv, nrows = s.B * s.H * s.Tq;
+  const index_t group = L.group, nt = L.nt, ldh = L.ldh, ldv = L.ldv, BHkv = L.BHkv, nrows = L.nrows;
   const float scale = opt.scale ? static_cast<float>(*opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
 
   ensure_shape(g.q, q.shape());
@@ -489,34 +520,20 @@ void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<
       row_ds[r] = has_null ? pn * ((dP - D) + dl) : 0.0f;
     }
 
-  // packed operands: q and dO rows padded to ldh / ldv; keys as rows (padded) and as the score
-  // gemm's panels; values as panels
-  float* qp = grow(tl_qp, static_cast<std::size_t>(nrows * ldh));
+  // packed operands: q, keys and values by pack_backward_inputs (the same sizes: the same
+  // buffers); dO rows padded to ldv
+  const float* qp = grow(tl_qp, static_cast<std::size_t>(nrows * ldh));
+  const float* kp = grow(tl_kp, static_cast<std::size_t>(BHkv * nt * kKeyTile * ldh));
+  const float* kt = grow(tl_ktb, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
+  const float* vt = grow(tl_vt, static_cast<std::size_t>(BHkv * nt * s.d_v * kKeyTile));
   float* dop = grow(tl_dop, static_cast<std::size_t>(nrows * ldv));
-  float* kp = grow(tl_kp, static_cast<std::size_t>(BHkv * nt * kKeyTile * ldh));
-  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
-  float* vt = grow(tl_vt, static_cast<std::size_t>(BHkv * nt * s.d_v * kKeyTile));
+  const index_t nqblk = (s.Tq + kKeyTile - 1) / kKeyTile;
 #pragma omp parallel for collapse(2) schedule(static)
   for (index_t bh = 0; bh < s.B * s.H; ++bh)
-    for (index_t t = 0; t < s.Tq; ++t) {
-      const index_t b = bh / s.H, h = bh % s.H, r = bh * s.Tq + t;
-      const float* qr = q.data() + b * qs.b + h * qs.h + t * qs.t;
-      const float* dr = d.out.data() + b * os.b + h * os.h + t * os.t;
-      for (index_t c = 0; c < ldh; ++c) qp[r * ldh + c] = c < s.d_h ? qr[c] : 0.0f;
-      for (index_t c = 0; c < ldv; ++c) dop[r * ldv + c] = c < s.d_v ? dr[c] : 0.0f;
-    }
-#pragma omp parallel for collapse(2) schedule(static)
-  for (index_t bh = 0; bh < BHkv; ++bh)
-    for (index_t tile = 0; tile < nt; ++tile) {
-      const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
-      pack_panel(k.data(), ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile);
-      pack_panel(v.data(), vs, b, hk, tile, s.Tk, s.d_v, vt + (bh * nt + tile) * s.d_v * kKeyTile);
-      for (index_t jj = 0; jj < kKeyTile; ++jj) {
-        const index_t j = tile * kKeyTile + jj;
-        const float* src = k.data() + b * ks.b + hk * ks.h + j * ks.t;
-        float* dst = kp + (bh * nt * kKeyTile + j) * ldh;
-        for (index_t c = 0; c < ldh; ++c) dst[c] = j < s.Tk && c < s.d_h ? src[c] : 0.0f;
-      }
+    for (index_t blk = 0; blk < nqblk; ++blk) {
+      const index_t b = bh / s.H, h = bh % s.H, t0 = blk * kKeyTile;
+      K.copy_rows(d.out.data() + b * os.b + h * os.h + t0 * os.t, os.t, std::min(kKeyTile, s.Tq - t0), s.d_v,
+                  dop + (bh * s.Tq + t0) * ldv, ldv);
     }
 
   // visible key ranges per (batch, query); chunks of key tiles per (batch, kv head): one when
@@ -640,7 +657,8 @@ void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<
   }
 }
 
-// The one-call backward on validated arguments: the forward with its row state, then the backward.
+// The one-call backward on validated arguments (q, k and v packed by
+// check_and_pack_backward_inputs): the forward with its row state, then the backward.
 AttentionGrads<float> forward_and_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                            const AttentionCotangents<float>& d, const AttentionOptions& opt) {
   AttentionResult<float> fwd;
@@ -750,6 +768,7 @@ void release_workspaces() {
   drop(tl_qp);
   drop(tl_dop);
   drop(tl_kp);
+  drop(tl_ktb);
   drop(tl_vt);
   drop(tl_rows);
   drop(tl_dq);
@@ -797,7 +816,7 @@ void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& 
                                    const AttentionResult<float>& forward, const AttentionRowState& state,
                                    const AttentionCotangents<float>& d, const AttentionOptions& opt,
                                    AttentionGrads<float>& g) {
-  const AttentionShape s = check_attention_args_parallel(q, k, v, opt);
+  const AttentionShape s = check_and_pack_backward_inputs(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   check_forward(s, opt, forward, state);
   backward_impl(q, k, v, forward, state, d, opt, g);
@@ -805,7 +824,7 @@ void token_attention_backward_into(const Tensor<float>& q, const Tensor<float>& 
 
 AttentionGrads<float> token_attention_backward(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                                const AttentionCotangents<float>& d, const AttentionOptions& opt) {
-  const AttentionShape s = check_attention_args_parallel(q, k, v, opt);
+  const AttentionShape s = check_and_pack_backward_inputs(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   return forward_and_backward(q, k, v, d, opt);
 }
@@ -841,7 +860,7 @@ AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Te
 AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
                                                         const Tensor<float>& v, const AttentionCotangents<float>& d,
                                                         const AttentionOptions& opt) {
-  return forward_and_backward(q, k, v, d, opt);  // validated by the dispatcher
+  return cpu_fast::token_attention_backward(q, k, v, d, opt);  // validates as the reference (in parallel)
 }
 
 DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,

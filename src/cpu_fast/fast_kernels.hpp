@@ -82,6 +82,11 @@ struct Kernels {
   int lanes;
   /// y_i = e^{x_i} (vectorised polynomial exp; see docs/benchmarks.md for its error).
   void (*exp)(const float* x, float* y, idx n);
+  /// Whether the rows x n floats at x (rows ld apart) are all finite.
+  bool (*finite_rows)(const float* x, idx ld, idx rows, idx n);
+  /// dst row r = src row r's n floats then zeros up to ldd (rows lds and ldd apart); returns
+  /// whether every value copied was finite.
+  bool (*copy_rows)(const float* src, idx lds, idx rows, idx n, float* dst, idx ldd);
   /// The fused online-normalised attention of one block. A row with a visible score (scale * q.k
   /// + bias, as the kernel computes it) that is NaN or +inf is written as NaN (out, lse, p_null)
   /// and the block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A

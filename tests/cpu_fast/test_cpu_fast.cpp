@@ -361,6 +361,12 @@ TEST(CpuFastAttention, NonFiniteInputsSameErrorAsReference) {
       }
       patterns.push_back({{2, 5, nan}, {0, in.q.size() - 2, inf}});  // v and q bad: q reported
       patterns.push_back({{2, 0, inf}, {1, in.k.size() - 1, nan}});  // v and k bad: k reported
+      // the backward checks q, k and v as it packs them, before the cotangents and the forward:
+      // with a cotangent of the wrong shape as well, the input's error is still the one reported
+      const AttentionCotangents<float> bad_d{Tensor<float>({1, 1, 1, 1}), {}, {}};
+      AttentionResult<float> clean_fwd;
+      cpu_fast::AttentionRowState clean_st;
+      cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, clean_fwd, clean_st);
       for (const auto& pattern : patterns) {
         Tensor<float> q = in.q, k = in.k, v = in.v;
         for (const Bad& b : pattern) (b.which == 0 ? q : b.which == 1 ? k : v)[b.at] = b.value;
@@ -374,6 +380,16 @@ TEST(CpuFastAttention, NonFiniteInputsSameErrorAsReference) {
           AttentionResult<float> r;
           cpu_fast::AttentionRowState st;
           EXPECT_EQ(thrown_by([&] { cpu_fast::token_attention_into(q, k, v, in.opt, r, st); }).what, ref.what) << isa;
+          EXPECT_EQ(thrown_by([&] { token_attention_backward(q, k, v, bad_d, in.opt); }).what, ref.what);
+          EXPECT_EQ(thrown_by([&] { cpu_fast::token_attention_backward(q, k, v, bad_d, in.opt); }).what, ref.what)
+              << isa;
+          EXPECT_EQ(thrown_by([&] { token_attention_backward(Backend::cpu_fast, q, k, v, bad_d, in.opt); }).what,
+                    ref.what) << isa;
+          AttentionGrads<float> g;
+          EXPECT_EQ(thrown_by([&] {
+                      cpu_fast::token_attention_backward_into(q, k, v, clean_fwd, clean_st, bad_d, in.opt, g);
+                    }).what,
+                    ref.what) << isa;
         }
       }
     }

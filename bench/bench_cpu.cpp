@@ -3,7 +3,8 @@
 //   Ceiling_*            GEMM GFLOP/s (n = 2048), triad GB/s (3 x 64 MiB arrays, 12 B/element)
 //   RowNormalizer_*      the reference row op (softmax1) and the fast path's vectorised exp
 //   Attention_*          token attention, causal Softmax1, B = 1, 8 heads, T in {1024, 4096},
-//                        d_h in {64, 128}: plain float reference vs the fused fast path
+//                        d_h in {64, 128}: plain float reference vs the fused fast path (and its
+//                        kernel alone, without the per-call packing and checks)
 //   Attention_backward_* its backward (FlashAttention-2 with the null category) on the fast path,
 //                        from the forward's saved output and row state
 //   Route_*              depth routing over n in {8, 16, 32, 64} sources, N = 1024 tokens, d = 2048
@@ -33,6 +34,7 @@
 #include "oasis/cpu_fast.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_random.hpp"
+#include "fast_kernels.hpp"  // src/cpu_fast: the kernel table, for BM_Attention_fast_kernel
 
 namespace oasis_bench {
 using namespace oasis;
@@ -212,6 +214,83 @@ void BM_Attention_fast(benchmark::State& st) {
   }
   report_flops(st, in.flops, t0);
   st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+}
+
+// The fused kernel alone: the query blocks of BM_Attention_fast's inputs (8 heads, causal), on keys
+// and values packed once before timing as the library packs them (keys into the score product's
+// panels, values into 64-byte aligned rows), with no input check and no result allocation. Its
+// difference to BM_Attention_fast is the O(T d_h) work of a call (packing, finiteness checks),
+// which at T = 1024 is about a tenth of it (docs/benchmarks.md, "What is left at T = 1024").
+// Validated as bitwise the library call's output (itself validated against the oracle).
+void BM_Attention_fast_kernel(benchmark::State& st) {
+  const AttnInputs& in = attn_inputs(st.range(0), st.range(1));
+  AttentionResult<float> ref;
+  cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, ref);
+  validate_fast_attention(in, ref);
+  const std::string isa(cpu_fast::isa());
+  const fast::Kernels& K = isa == "avx512" ? fast::kernels_avx512() : isa == "avx2" ? fast::kernels_avx2()
+                                                                                   : fast::kernels_generic();
+  using fast::kKeyTile;
+  using fast::kQueryTile;
+  const index_t H = in.q.dim(1), T = in.q.dim(2), d = in.q.dim(3);
+  const index_t nt = (T + kKeyTile - 1) / kKeyTile, nqb = (T + kQueryTile - 1) / kQueryTile;
+  const index_t ldv = (d + K.lanes - 1) / K.lanes * K.lanes;
+  fast::Workspace kt(static_cast<std::size_t>(H * nt * d * kKeyTile)), vp(static_cast<std::size_t>(H * T * ldv));
+  for (index_t h = 0; h < H; ++h)
+    for (index_t j = 0; j < nt * kKeyTile; ++j)
+      for (index_t c = 0; c < d; ++c) {
+        const index_t tile = j / kKeyTile, jj = j % kKeyTile;
+        kt[static_cast<std::size_t>(((h * nt + tile) * d + c) * kKeyTile + jj)] = j < T ? in.k[(h * T + j) * d + c] : 0.0f;
+        if (j < T) vp[static_cast<std::size_t>((h * T + j) * ldv + c)] = in.v[(h * T + j) * d + c];
+      }
+  std::vector<index_t> kbegin(static_cast<std::size_t>(T), 0), kend(static_cast<std::size_t>(T));
+  for (index_t t = 0; t < T; ++t) kend[static_cast<std::size_t>(t)] = t + 1;  // causal, Tq = Tk
+  std::vector<float> out(static_cast<std::size_t>(H * T * d)), lse(static_cast<std::size_t>(H * T)),
+      p_null(static_cast<std::size_t>(H * T));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto run = [&] {
+#pragma omp parallel
+    {
+      fast::Workspace ws(static_cast<std::size_t>(kQueryTile * kKeyTile + kQueryTile * ldv));
+      std::vector<online::State> state(static_cast<std::size_t>(kQueryTile));
+#pragma omp for schedule(dynamic, 1)
+      for (index_t task = 0; task < H * nqb; ++task) {  // the longest rows first, as the library
+        const index_t h = task / nqb, t0 = (nqb - 1 - task % nqb) * kQueryTile;
+        fast::AttnBlock a{};
+        a.rows = std::min(kQueryTile, T - t0);
+        a.q = in.q.data() + (h * T + t0) * d;
+        a.ldq = d;
+        a.d_h = d;
+        a.kt = kt.data() + h * nt * d * kKeyTile;
+        a.v = vp.data() + h * T * ldv;
+        a.ldv_in = a.ldv = ldv;
+        a.d_v = d;
+        a.kbegin = kbegin.data() + t0;
+        a.kend = kend.data() + t0;
+        a.scale = scale;
+        a.has_null = true;  // softmax1, null logit 0
+        a.s_ws = ws.data();
+        a.o_ws = ws.data() + kQueryTile * kKeyTile;
+        a.st_ws = state.data();
+        a.out = out.data() + (h * T + t0) * d;
+        a.ldo = d;
+        a.lse = lse.data() + h * T + t0;
+        a.p_null = p_null.data() + h * T + t0;
+        K.attention_block(a);
+      }
+    }
+  };
+  run();
+  if (std::memcmp(out.data(), ref.out.data(), out.size() * sizeof(float)) != 0)
+    abort_run("attention kernel T=" + std::to_string(T) + " d=" + std::to_string(d) +
+              ": not bitwise the library call's output");
+  const Span t0 = Span::start();
+  for (auto _ : st) {
+    run();
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, in.flops, t0);
+  st.SetLabel(isa + ", kernel only");
 }
 
 // A sliding-window layer: the kernel visits only the key tiles of each query block's band, so the
@@ -411,6 +490,7 @@ BENCHMARK(BM_Ceiling_Triad)->Arg(16 << 20)->Unit(benchmark::kMillisecond)->UseRe
 BENCHMARK(BM_RowNormalizer_reference_softmax1)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RowNormalizer_fast_vector_exp)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Attention_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
+BENCHMARK(BM_Attention_fast_kernel)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_fast_window)->Args({4096, 64, 128})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_fast_backend_api)->Args({4096, 64})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Attention_backward_fast)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);

@@ -76,23 +76,7 @@ constexpr index_t kMixTokens = 4;  // depth mixing: up to 4 tokens per block whe
 
 // Workspaces (grow only): the calling thread's packed keys/values and visible key ranges, and
 // each OpenMP thread's tile buffers, row states and depth weights.
-// Float workspaces start on a cache line: a vector load or store at a multiple of 16 floats then
-// never spans two lines (split accesses halve the L1 bandwidth of the micro-kernels on Intel cores).
-template <class T>
-struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
-  CacheLineAllocator() = default;
-  template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlign); }
-  template <class U>
-  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
-  template <class U>
-  bool operator!=(const CacheLineAllocator<U>&) const noexcept { return false; }
-};
-using Workspace = std::vector<float, CacheLineAllocator<float>>;
+using fast::Workspace;  // float workspaces on cache lines (fast_kernels.hpp)
 
 thread_local Workspace tl_kt, tl_v, tl_tile, tl_alpha;
 // the backward's packed operands, per-row arrays and dq buffers (calling thread), and each OpenMP

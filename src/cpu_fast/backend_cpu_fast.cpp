@@ -265,74 +265,85 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   }
   const Strides os = strides_of(r.out, opt.layout);
 
-  float* kt = grow(tl_kt, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
-  float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(BHkv * s.Tk * ldv)) : nullptr;
+  const Tensor<double>& bias = opt.bias;
+  const index_t nqb = (s.Tq + kQueryTile - 1) / kQueryTile;
+  // Phases. With at least two query blocks per thread in each kv head's group, one kv head at a
+  // time: its keys and values packed, then its query blocks. The packed operands then take one kv
+  // head's room (slot = kv head - kv0), which the next phase's packing writes over while it is
+  // still in the caches, instead of every head's, written out to memory: at T = 1024, 8 heads,
+  // d_h = 64, one thread, the packing's share of a call fell from about 7 % to 5 %
+  // (docs/benchmarks.md, "What is left at T = 1024"). Otherwise one phase of every kv head.
+  const bool phased = BHkv > 1 && group * nqb >= 2 * static_cast<index_t>(omp_get_max_threads());
+  const index_t phase_heads = phased ? 1 : BHkv;
+  float* kt = grow(tl_kt, static_cast<std::size_t>(phase_heads * nt * s.d_h * kKeyTile));
+  float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(phase_heads * s.Tk * ldv)) : nullptr;
   index_t* kbegin = key_ranges(s, opt);
   index_t* kend = kbegin + s.B * s.Tq;
 
   const float* kd_ = k.data();
   const float* vd = v.data();
   bool finite = true;
-#pragma omp parallel for collapse(2) schedule(static) reduction(&& : finite)
-  for (index_t bh = 0; bh < BHkv; ++bh)
-    for (index_t tile = 0; tile < nt; ++tile) {
-      const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
-      finite = pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * nt + tile) * s.d_h * kKeyTile) && finite;
-      const index_t j0 = tile * kKeyTile, nj = std::min(s.Tk - j0, kKeyTile);
-      const float* src = vd + b * vs.b + hk * vs.h + j0 * vs.t;
-      finite = (pack_v ? K.copy_rows(src, vs.t, nj, s.d_v, vp + (bh * s.Tk + j0) * ldv, ldv)
-                       : K.finite_rows(src, vs.t, nj, s.d_v)) &&
-               finite;
-    }
-
-  const Tensor<double>& bias = opt.bias;
-  const index_t nqb = (s.Tq + kQueryTile - 1) / kQueryTile;
-  const index_t tasks = s.B * s.H * nqb;
 #pragma omp parallel reduction(&& : finite)
   {
     float* w = grow(tl_tile, static_cast<std::size_t>(kQueryTile * kKeyTile + kQueryTile * ldv));
     if (tl_state.size() < static_cast<std::size_t>(kQueryTile)) tl_state.resize(static_cast<std::size_t>(kQueryTile));
+    for (index_t kv0 = 0; kv0 < BHkv; kv0 += phase_heads) {
+      const index_t kv1 = std::min(BHkv, kv0 + phase_heads);
+#pragma omp for collapse(2) schedule(static)
+      for (index_t bh = kv0; bh < kv1; ++bh)
+        for (index_t tile = 0; tile < nt; ++tile) {
+          const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
+          const index_t slot = bh - kv0;
+          finite = pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (slot * nt + tile) * s.d_h * kKeyTile) && finite;
+          const index_t j0 = tile * kKeyTile, nj = std::min(s.Tk - j0, kKeyTile);
+          const float* src = vd + b * vs.b + hk * vs.h + j0 * vs.t;
+          finite = (pack_v ? K.copy_rows(src, vs.t, nj, s.d_v, vp + (slot * s.Tk + j0) * ldv, ldv)
+                           : K.finite_rows(src, vs.t, nj, s.d_v)) &&
+                   finite;
+        }
+      const index_t ntask = (kv1 - kv0) * group * nqb;
 #pragma omp for schedule(dynamic, 1)
-    for (index_t task = 0; task < tasks; ++task) {
-      const index_t qb = nqb - 1 - task % nqb;  // causal: the longest rows first
-      const index_t bhq = task / nqb;
-      const index_t b = bhq / s.H, h = bhq % s.H, hk = h / group;
-      const index_t t0 = qb * kQueryTile;
-      fast::AttnBlock a{};
-      a.rows = std::min(kQueryTile, s.Tq - t0);
-      a.d_h = s.d_h;
-      a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
-      a.ldq = qs.t;
-      finite = K.finite_rows(a.q, a.ldq, a.rows, s.d_h) && finite;
-      a.kt = kt + (b * s.H_kv + hk) * nt * s.d_h * kKeyTile;
-      a.v = pack_v ? vp + (b * s.H_kv + hk) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
-      a.ldv_in = pack_v ? ldv : vs.t;
-      a.ldv = ldv;
-      a.d_v = s.d_v;
-      a.kbegin = kbegin + b * s.Tq + t0;
-      a.kend = kend + b * s.Tq + t0;
-      if (!bias.empty()) {
-        const index_t bb = bias.rank() == 2 || bias.dim(0) == 1 ? 0 : b;
-        const index_t bhh = bias.rank() == 2 || bias.dim(1) == 1 ? 0 : h;
-        a.bias = bias.data() + ((bb * (bias.rank() == 2 ? 1 : bias.dim(1)) + bhh) * s.Tq + t0) * s.Tk;
-        a.ldb = s.Tk;
+      for (index_t task = 0; task < ntask; ++task) {
+        const index_t bhk = kv0 + task / (group * nqb), rem = task % (group * nqb);
+        const index_t qb = nqb - 1 - rem % nqb;  // causal: the longest rows first
+        const index_t b = bhk / s.H_kv, hk = bhk % s.H_kv, h = hk * group + rem / nqb;
+        const index_t t0 = qb * kQueryTile;
+        fast::AttnBlock a{};
+        a.rows = std::min(kQueryTile, s.Tq - t0);
+        a.d_h = s.d_h;
+        a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
+        a.ldq = qs.t;
+        finite = K.finite_rows(a.q, a.ldq, a.rows, s.d_h) && finite;
+        a.kt = kt + (bhk - kv0) * nt * s.d_h * kKeyTile;
+        a.v = pack_v ? vp + (bhk - kv0) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
+        a.ldv_in = pack_v ? ldv : vs.t;
+        a.ldv = ldv;
+        a.d_v = s.d_v;
+        a.kbegin = kbegin + b * s.Tq + t0;
+        a.kend = kend + b * s.Tq + t0;
+        if (!bias.empty()) {
+          const index_t bb = bias.rank() == 2 || bias.dim(0) == 1 ? 0 : b;
+          const index_t bhh = bias.rank() == 2 || bias.dim(1) == 1 ? 0 : h;
+          a.bias = bias.data() + ((bb * (bias.rank() == 2 ? 1 : bias.dim(1)) + bhh) * s.Tq + t0) * s.Tk;
+          a.ldb = s.Tk;
+        }
+        a.scale = scale;
+        a.null_logit = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
+        a.has_null = has_null;
+        a.s_ws = w;
+        a.o_ws = w + kQueryTile * kKeyTile;
+        a.st_ws = tl_state.data();
+        a.out = r.out.data() + b * os.b + h * os.h + t0 * os.t;
+        a.ldo = os.t;
+        const index_t row0 = (b * s.H + h) * s.Tq + t0;
+        a.lse = r.lse.data() + row0;
+        a.p_null = r.p_null.data() + row0;
+        a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
+        a.ldp = s.Tk;
+        a.row_max = state ? state->max.data() + row0 : nullptr;
+        a.row_sum = state ? state->sum.data() + row0 : nullptr;
+        K.attention_block(a);
       }
-      a.scale = scale;
-      a.null_logit = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
-      a.has_null = has_null;
-      a.s_ws = w;
-      a.o_ws = w + kQueryTile * kKeyTile;
-      a.st_ws = tl_state.data();
-      a.out = r.out.data() + b * os.b + h * os.h + t0 * os.t;
-      a.ldo = os.t;
-      const index_t row0 = (b * s.H + h) * s.Tq + t0;
-      a.lse = r.lse.data() + row0;
-      a.p_null = r.p_null.data() + row0;
-      a.probs = opt.return_probs ? r.probs.data() + row0 * s.Tk : nullptr;
-      a.ldp = s.Tk;
-      a.row_max = state ? state->max.data() + row0 : nullptr;
-      a.row_sum = state ? state->sum.data() + row0 : nullptr;
-      K.attention_block(a);
     }
   }
   if (!finite) {

@@ -312,6 +312,37 @@ TEST(CpuFastAttention, ValuesInPlaceOrCopiedGiveTheSameResult) {
   }
 }
 
+// With at least two query blocks per thread in each kv head's group, the forward packs and runs
+// one kv head at a time in a buffer of one head's room (attention_impl's phases); otherwise every
+// kv head in one phase. One thread takes the first path here (3 blocks x 2 query heads per kv
+// head), 64 threads the second: the results are bitwise equal, and within the parity rule.
+TEST(CpuFastAttention, PhasesOfOneKvHeadGiveTheSameResult) {
+  for (const AttentionLayout layout : {AttentionLayout::bhtd, AttentionLayout::bthd}) {
+    const Case c = with({"phases_gqa_padded", 2, 4, 2, 150, 150, 16, 24, RowNorm::softmax1, true, {150, 120}, true, 1,
+                         1, false, {}}, 0, 0, layout);
+    SCOPED_TRACE(to_string(layout));
+    const Inputs in = make_inputs(c, 7007);
+    AttentionOptions opt_mp = in.opt;
+    opt_mp.return_probs = true;
+    const AttentionResult<R> mp = token_attention(in.q.cast<R>(), in.k.cast<R>(), in.v.cast<R>(), opt_mp);
+    const AttentionResult<float> ref = token_attention(in.q, in.k, in.v, in.opt);
+    IsaGuard guard;
+    const int saved = omp_get_max_threads();
+    for (const std::string& isa : cpu_fast::available_isas()) {
+      cpu_fast::set_isa(isa);
+      omp_set_num_threads(1);
+      const AttentionResult<float> phased = cpu_fast::token_attention(in.q, in.k, in.v, in.opt);
+      omp_set_num_threads(64);
+      const AttentionResult<float> single = cpu_fast::token_attention(in.q, in.k, in.v, in.opt);
+      omp_set_num_threads(saved);
+      EXPECT_TRUE(oasis::test::exactly_equal("out (" + isa + ")", phased.out, single.out));
+      EXPECT_TRUE(oasis::test::exactly_equal("lse (" + isa + ")", phased.lse, single.lse));
+      EXPECT_TRUE(oasis::test::exactly_equal("p_null (" + isa + ")", phased.p_null, single.p_null));
+      expect_fast_parity(isa, in.q, in.k, in.v, in.opt, phased, ref, mp);
+    }
+  }
+}
+
 TEST(CpuFastAttention, InvalidInputSameErrorAsReference) {
   const Inputs in = make_inputs(cases()[4], 7006);  // plain softmax with fully masked rows
   AttentionOptions opt = in.opt;

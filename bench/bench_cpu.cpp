@@ -230,9 +230,9 @@ void BM_Attention_fast_kernel(benchmark::State& st) {
   const std::string isa(cpu_fast::isa());
   const fast::Kernels& K = isa == "avx512" ? fast::kernels_avx512() : isa == "avx2" ? fast::kernels_avx2()
                                                                                    : fast::kernels_generic();
-  using fast::kKeyTile;
   using fast::kQueryTile;
   const index_t H = in.q.dim(1), T = in.q.dim(2), d = in.q.dim(3);
+  const index_t kKeyTile = fast::forward_key_tile(d, d);  // the library's tile for this head size
   const index_t nt = (T + kKeyTile - 1) / kKeyTile, nqb = (T + kQueryTile - 1) / kQueryTile;
   const index_t ldv = (d + K.lanes - 1) / K.lanes * K.lanes;
   fast::Workspace kt(static_cast<std::size_t>(H * nt * d * kKeyTile)), vp(static_cast<std::size_t>(H * T * ldv));
@@ -261,6 +261,7 @@ void BM_Attention_fast_kernel(benchmark::State& st) {
         a.q = in.q.data() + (h * T + t0) * d;
         a.ldq = d;
         a.d_h = d;
+        a.key_tile = kKeyTile;
         a.kt = kt.data() + h * nt * d * kKeyTile;
         a.v = vp.data() + h * T * ldv;
         a.ldv_in = a.ldv = ldv;

@@ -2,7 +2,7 @@
 //
 // Token attention: the fused, tiled, online-normalised kernel of fast_kernels_impl.inc, run by
 // OpenMP over (batch, query head, block of kQueryTile queries), most expensive causal blocks first.
-// Keys are packed once per call into [tile][d_h][kKeyTile] panels (the B operand of the score tile
+// Keys are packed once per call into [tile][d_h][key tile] panels (the B operand of the score tile
 // product), values into rows padded to a whole number of vectors when d_v needs it; q, v and out
 // are otherwise used in place in either layout (strides); the bias is read per tile in double and
 // rounded to float as the reference does; GQA maps query head h to kv head h / (H / H_kv)
@@ -164,17 +164,17 @@ inline F4 load4(const float* p) {
 }
 inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
 
-// Panel `tile` of the rows x (batch b, head h) of x, transposed for the score gemm's B operand:
-// dst[c * kKeyTile + jj] = x(b, h, tile * kKeyTile + jj, c) for c < d, zero past row T.
+// Panel `tile` (of KT keys) of the rows x (batch b, head h) of x, transposed for the score gemm's
+// B operand: dst[c * KT + jj] = x(b, h, tile * KT + jj, c) for c < d, zero past row T.
 // Transposed in 4 x 4 blocks (four rows' four columns in registers, stored as four runs of four
 // floats) rather than one element at a time: a quarter of the strided stores.
 // Returns whether every value it read was finite (x - x is 0 for a finite x, NaN otherwise).
-bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t T, index_t d,
-                float* dst) {
+bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t tile, index_t KT, index_t T,
+                index_t d, float* dst) {
   F4 bad = {0.0f, 0.0f, 0.0f, 0.0f};
   float bad_tail = 0.0f;
-  const index_t j0 = tile * kKeyTile;
-  const index_t full = std::max<index_t>(0, std::min(kKeyTile, T - j0)) / 4 * 4;  // keys in whole blocks of 4 rows
+  const index_t j0 = tile * KT;
+  const index_t full = std::max<index_t>(0, std::min(KT, T - j0)) / 4 * 4;  // keys in whole blocks of 4 rows
   const index_t d4 = d / 4 * 4;
   const float* base = x + b * xs.b + h * xs.h;
   for (index_t jj = 0; jj < full; jj += 4) {
@@ -187,26 +187,26 @@ bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t
       bad += ((a0 - a0) + (a1 - a1)) + ((a2 - a2) + (a3 - a3));
       const F4 t0 = OASIS_SHUFFLE2(a0, a1, 0, 4, 1, 5), t1 = OASIS_SHUFFLE2(a0, a1, 2, 6, 3, 7);
       const F4 t2 = OASIS_SHUFFLE2(a2, a3, 0, 4, 1, 5), t3 = OASIS_SHUFFLE2(a2, a3, 2, 6, 3, 7);
-      float* o = dst + c * kKeyTile + jj;
+      float* o = dst + c * KT + jj;
       store4(o, OASIS_SHUFFLE2(t0, t2, 0, 1, 4, 5));                 // column c of rows jj..jj+3
-      store4(o + kKeyTile, OASIS_SHUFFLE2(t0, t2, 2, 3, 6, 7));      // column c + 1
-      store4(o + 2 * kKeyTile, OASIS_SHUFFLE2(t1, t3, 0, 1, 4, 5));  // column c + 2
-      store4(o + 3 * kKeyTile, OASIS_SHUFFLE2(t1, t3, 2, 3, 6, 7));  // column c + 3
+      store4(o + KT, OASIS_SHUFFLE2(t0, t2, 2, 3, 6, 7));      // column c + 1
+      store4(o + 2 * KT, OASIS_SHUFFLE2(t1, t3, 0, 1, 4, 5));  // column c + 2
+      store4(o + 3 * KT, OASIS_SHUFFLE2(t1, t3, 2, 3, 6, 7));  // column c + 3
     }
     for (index_t c = d4; c < d; ++c) {
-      dst[c * kKeyTile + jj] = r0[c];
-      dst[c * kKeyTile + jj + 1] = r1[c];
-      dst[c * kKeyTile + jj + 2] = r2[c];
-      dst[c * kKeyTile + jj + 3] = r3[c];
+      dst[c * KT + jj] = r0[c];
+      dst[c * KT + jj + 1] = r1[c];
+      dst[c * KT + jj + 2] = r2[c];
+      dst[c * KT + jj + 3] = r3[c];
       bad_tail += ((r0[c] - r0[c]) + (r1[c] - r1[c])) + ((r2[c] - r2[c]) + (r3[c] - r3[c]));
     }
   }
-  for (index_t jj = full; jj < kKeyTile; ++jj) {  // the last rows, and zeros past row T
+  for (index_t jj = full; jj < KT; ++jj) {  // the last rows, and zeros past row T
     const index_t j = j0 + jj;
     const float* src = base + j * xs.t;
     for (index_t c = 0; c < d; ++c) {
       const float x_c = j < T ? src[c] : 0.0f;
-      dst[c * kKeyTile + jj] = x_c;
+      dst[c * KT + jj] = x_c;
       bad_tail += x_c - x_c;
     }
   }
@@ -243,7 +243,8 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   const Kernels& K = active();
   const index_t W = K.lanes;
   const index_t group = s.H / s.H_kv;
-  const index_t nt = (s.Tk + kKeyTile - 1) / kKeyTile;
+  const index_t KT = fast::forward_key_tile(s.d_h, s.d_v);
+  const index_t nt = (s.Tk + KT - 1) / KT;
   const index_t ldv = (s.d_v + W - 1) / W * W;
   // values are used in place only when every row is whole vectors starting on a cache line
   const auto on_line = [](index_t floats) { return floats % 16 == 0; };
@@ -275,7 +276,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   // (docs/benchmarks.md, "What is left at T = 1024"). Otherwise one phase of every kv head.
   const bool phased = BHkv > 1 && group * nqb >= 2 * static_cast<index_t>(omp_get_max_threads());
   const index_t phase_heads = phased ? 1 : BHkv;
-  float* kt = grow(tl_kt, static_cast<std::size_t>(phase_heads * nt * s.d_h * kKeyTile));
+  float* kt = grow(tl_kt, static_cast<std::size_t>(phase_heads * nt * s.d_h * KT));
   float* vp = pack_v ? grow(tl_v, static_cast<std::size_t>(phase_heads * s.Tk * ldv)) : nullptr;
   index_t* kbegin = key_ranges(s, opt);
   index_t* kend = kbegin + s.B * s.Tq;
@@ -285,7 +286,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   bool finite = true;
 #pragma omp parallel reduction(&& : finite)
   {
-    float* w = grow(tl_tile, static_cast<std::size_t>(kQueryTile * kKeyTile + kQueryTile * ldv));
+    float* w = grow(tl_tile, static_cast<std::size_t>(kQueryTile * KT + kQueryTile * ldv));
     if (tl_state.size() < static_cast<std::size_t>(kQueryTile)) tl_state.resize(static_cast<std::size_t>(kQueryTile));
     for (index_t kv0 = 0; kv0 < BHkv; kv0 += phase_heads) {
       const index_t kv1 = std::min(BHkv, kv0 + phase_heads);
@@ -294,8 +295,8 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
         for (index_t tile = 0; tile < nt; ++tile) {
           const index_t b = bh / s.H_kv, hk = bh % s.H_kv;
           const index_t slot = bh - kv0;
-          finite = pack_panel(kd_, ks, b, hk, tile, s.Tk, s.d_h, kt + (slot * nt + tile) * s.d_h * kKeyTile) && finite;
-          const index_t j0 = tile * kKeyTile, nj = std::min(s.Tk - j0, kKeyTile);
+          finite = pack_panel(kd_, ks, b, hk, tile, KT, s.Tk, s.d_h, kt + (slot * nt + tile) * s.d_h * KT) && finite;
+          const index_t j0 = tile * KT, nj = std::min(s.Tk - j0, KT);
           const float* src = vd + b * vs.b + hk * vs.h + j0 * vs.t;
           finite = (pack_v ? K.copy_rows(src, vs.t, nj, s.d_v, vp + (slot * s.Tk + j0) * ldv, ldv)
                            : K.finite_rows(src, vs.t, nj, s.d_v)) &&
@@ -314,7 +315,8 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
         a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
         a.ldq = qs.t;
         finite = K.finite_rows(a.q, a.ldq, a.rows, s.d_h) && finite;
-        a.kt = kt + (bhk - kv0) * nt * s.d_h * kKeyTile;
+        a.key_tile = KT;
+        a.kt = kt + (bhk - kv0) * nt * s.d_h * KT;
         a.v = pack_v ? vp + (bhk - kv0) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
         a.ldv_in = pack_v ? ldv : vs.t;
         a.ldv = ldv;
@@ -331,7 +333,7 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
         a.null_logit = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
         a.has_null = has_null;
         a.s_ws = w;
-        a.o_ws = w + kQueryTile * kKeyTile;
+        a.o_ws = w + kQueryTile * KT;
         a.st_ws = tl_state.data();
         a.out = r.out.data() + b * os.b + h * os.h + t0 * os.t;
         a.ldo = os.t;
@@ -447,9 +449,9 @@ bool pack_backward_inputs(const Tensor<float>& q, const Tensor<float>& k, const 
   for (index_t bh = 0; bh < L.BHkv; ++bh)
     for (index_t tile = 0; tile < L.nt; ++tile) {
       const index_t b = bh / s.H_kv, hk = bh % s.H_kv, j0 = tile * kKeyTile;
-      finite = pack_panel(k.data(), L.ks, b, hk, tile, s.Tk, s.d_h, kt + (bh * L.nt + tile) * s.d_h * kKeyTile) &&
+      finite = pack_panel(k.data(), L.ks, b, hk, tile, kKeyTile, s.Tk, s.d_h, kt + (bh * L.nt + tile) * s.d_h * kKeyTile) &&
                finite;
-      finite = pack_panel(v.data(), L.vs, b, hk, tile, s.Tk, s.d_v, vt + (bh * L.nt + tile) * s.d_v * kKeyTile) &&
+      finite = pack_panel(v.data(), L.vs, b, hk, tile, kKeyTile, s.Tk, s.d_v, vt + (bh * L.nt + tile) * s.d_v * kKeyTile) &&
                finite;
       const index_t nj = std::min(kKeyTile, s.Tk - j0);  // the tile's keys, then zero rows to its end
       float* dst = kp + (bh * L.nt * kKeyTile + j0) * L.ldh;

@@ -146,6 +146,10 @@ HOST_ROWS = [(f"BM_Attention_fast/{t}/{d}/", f"fused causal Softmax1 forward, T=
      for t in (1024, 4096) for d in (64, 128)] + \
     [(f"BM_Attention_fast_kernel/1024/{d}/", f"forward kernel alone (no packing or input checks), T=1024, d_h={d}",
       "GFLOP/s", "BM_Ceiling_GemmF32", None) for d in (64, 128)] + \
+    [("BM_Attention_fast_peaked/1024/64/20/", "forward, peaked rows (logits ~N(0, 20^2)), T=1024, d_h=64", "GFLOP/s",
+      "BM_Ceiling_GemmF32", None),
+     ("BM_Attention_backward_fast_peaked/1024/64/20/", "its backward, peaked rows, T=1024, d_h=64", "GFLOP/s",
+      "BM_Ceiling_GemmF32", None)] + \
     [(f"BM_Route_fast/{n}/", f"depth routing, {n} sources, d=2048", "GB/s", "BM_Ceiling_Triad", 0.7)
      for n in (8, 16, 32, 64)]
 HOST_BEGIN, HOST_END = "<!-- host-kind: ", "<!-- /host-kind -->"

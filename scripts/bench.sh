@@ -35,7 +35,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 single=()
 if [ "${OASIS_BENCH_SINGLE:-1}" != 0 ]; then
   OASIS_BENCH_THREADS=1 OMP_NUM_THREADS=1 "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 \
-    --benchmark_filter='Ceiling|RowNormalizer|Attention_fast/|Attention_fast_kernel/|Attention_backward_fast/|Route_fast/|Layer_attnres' \
+    --benchmark_filter='Ceiling|RowNormalizer|Attention_fast/|Attention_fast_kernel/|Attention_fast_peaked/|Attention_backward_fast/|Attention_backward_fast_peaked/|Route_fast/|Layer_attnres' \
     --benchmark_out="$OUT/cpu1.json" --benchmark_out_format=json
   single=(--single "$OUT/cpu1.json")
 fi
@@ -43,7 +43,7 @@ fi
 # all, default 3): on a shared machine one round's rates can be a fraction of the same kernel's a
 # minute later; the table takes the best of the rounds on each side of every ratio
 rounds=()
-kernels='Ceiling|Attention_fast/|Attention_fast_kernel/1024|Attention_backward_fast/|Route_fast/'
+kernels='Ceiling|Attention_fast/|Attention_fast_kernel/1024|Attention_fast_peaked/|Attention_backward_fast/|Attention_backward_fast_peaked/|Route_fast/'
 for r in $(seq 2 "${OASIS_BENCH_ROUNDS:-3}"); do
   "$BUILD"/bench/oasis_bench_cpu --benchmark_min_time=0.05 --benchmark_filter="$kernels" \
     --benchmark_out="$OUT/cpu_r$r.json" --benchmark_out_format=json >/dev/null

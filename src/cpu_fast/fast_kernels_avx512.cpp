@@ -18,7 +18,8 @@ typedef float V __attribute__((vector_size(64)));
 typedef int VI __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
 static inline __attribute__((always_inline)) V splat(float x) { return (V)_mm512_set1_ps(x); }
-// maxps / minps; horizontal reductions in log2(16) shuffle steps; p 2^n in one rounding (vscalefps)
+// maxps / minps; horizontal reductions in log2(16) shuffle steps; p 2^n in one rounding (vscalefps),
+// and masked to the lanes that keep it
 #define OASIS_FAST_ISA_MINMAX
 static inline __attribute__((always_inline)) V vmax(V a, V b) { return (V)_mm512_max_ps((__m512)a, (__m512)b); }
 static inline __attribute__((always_inline)) V vmin(V a, V b) { return (V)_mm512_min_ps((__m512)a, (__m512)b); }
@@ -26,12 +27,19 @@ static inline __attribute__((always_inline)) float hmax(V a) { return _mm512_red
 static inline __attribute__((always_inline)) float hsum(V a) { return _mm512_reduce_add_ps((__m512)a); }
 #define OASIS_FAST_ISA_SCALE_POW2
 static inline __attribute__((always_inline)) V scale_pow2(V p, V n) { return (V)_mm512_scalef_ps((__m512)p, (__m512)n); }
+// p 2^n where x >= lo or x is NaN, 0 elsewhere, the scaling masked (no clamp of x needed before)
+#define OASIS_FAST_ISA_SCALE_POW2_WHERE
+static inline __attribute__((always_inline)) V scale_pow2_where_not_below(V p, V n, V x, float lo) {
+  const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(lo), _CMP_NLT_UQ);
+  return (V)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
+}
 constexpr int MR = 4, NC = 4;
 #define ISA_NAME "avx512"
 #include "fast_kernels_impl.inc"
 #undef ISA_NAME
 #undef OASIS_FAST_ISA_MINMAX
 #undef OASIS_FAST_ISA_SCALE_POW2
+#undef OASIS_FAST_ISA_SCALE_POW2_WHERE
 }  // namespace oasis::fast::avx512_impl
 
 #if defined(__clang__)

@@ -68,6 +68,8 @@ struct Case {
   index_t window = 0;      // sliding window (0: none)
   int bias_rank = 0;       // 0: no bias; 2: [Tq, Tk]; 4: [B, H, Tq, Tk]; 3: [B, 1, Tq, Tk]
   AttentionLayout layout = AttentionLayout::bhtd;
+  double v_sd = 1.0;       // value scale
+  double null_mean = 0.0;  // per-head null logits ~ N(null_mean, 2^2)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -76,6 +78,12 @@ Case with(Case c, index_t window, int bias_rank, AttentionLayout layout) {
   c.window = window;
   c.bias_rank = bias_rank;
   c.layout = layout;
+  return c;
+}
+
+Case scaled(Case c, double v_sd, double null_mean) {
+  c.v_sd = v_sd;
+  c.null_mean = null_mean;
   return c;
 }
 
@@ -110,6 +118,18 @@ std::vector<Case> cases() {
            2, AttentionLayout::bhtd),
       with({"bias_window_bthd_odd_dv", 1, 2, 2, 150, 150, 16, 17, RowNorm::softmax1, true, {150}, true, 1, 1, true, {}},
            40, 4, AttentionLayout::bthd),
+      // The kernels' weights e^{z - M} carried times 2^32 (fast_kernels_impl.inc, kWeightScale).
+      // Sinks at ~95 over logits ~N(0, 1): every key's weight is in [e^-104, 2^-126), subnormal
+      // unscaled; out, the probabilities and the gradients of k and v are subnormal-small and must
+      // keep their digits (a kernel that flushes such weights to zero fails here, as a mutant did).
+      scaled({"sink_subnormal_weights_d64", 1, 2, 1, 70, 300, 64, 64, RowNorm::softmax1, true, {}, true, 1, 1, true,
+              {}}, 1.0, 95.0),
+      // Peaked plain-softmax rows (logits ~N(0, 30^2)): normal, subnormal and zero weights mixed.
+      {"softmax_peaked_rows_d128", 1, 2, 2, 66, 200, 128, 128, RowNorm::softmax, true, {}, false, 30, 1, true, {}},
+      // Values of 1e30: 2^32 times the output accumulator (and the dk sums) overflow, so the
+      // kernels compute these blocks again unscaled (a kernel without that fallback gives inf).
+      scaled({"huge_values_unscaled_fallback", 1, 2, 1, 70, 150, 32, 32, RowNorm::softmax1, true, {}, true, 1, 1, false,
+              {}}, 1e30, 0.0),
   };
 }
 
@@ -123,13 +143,13 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   Inputs in;
   in.q = oasis::test::randn<float>({c.B, c.H, c.Tq, c.d_h}, rng, c.q_sd);
   in.k = oasis::test::randn<float>({c.B, c.H_kv, c.Tk, c.d_h}, rng, c.k_sd);
-  in.v = oasis::test::randn<float>({c.B, c.H_kv, c.Tk, c.d_v}, rng);
+  in.v = oasis::test::randn<float>({c.B, c.H_kv, c.Tk, c.d_v}, rng, c.v_sd);
   in.opt.normalizer = c.norm;
   in.opt.causal = c.causal;
   in.opt.key_lengths = c.key_lengths;
   in.opt.scale = c.scale;
   if (c.sinks) {
-    std::normal_distribution<double> nd(0.0, 2.0);
+    std::normal_distribution<double> nd(c.null_mean, 2.0);
     for (index_t h = 0; h < c.H; ++h) in.opt.null_logits.push_back(static_cast<double>(static_cast<float>(nd(rng))));
   }
   in.opt.window = c.window;

@@ -237,9 +237,7 @@ void BM_Attention_fast_kernel(benchmark::State& st) {
   AttentionResult<float> ref;
   cpu_fast::token_attention_into(in.q, in.k, in.v, in.opt, ref);
   validate_fast_attention(in, ref);
-  const std::string isa(cpu_fast::isa());
-  const fast::Kernels& K = isa == "avx512" ? fast::kernels_avx512() : isa == "avx2" ? fast::kernels_avx2()
-                                                                                   : fast::kernels_generic();
+  const fast::Kernels& K = fast::active_kernels();
   using fast::kQueryTile;
   const index_t H = in.q.dim(1), T = in.q.dim(2), d = in.q.dim(3);
   const index_t kKeyTile = fast::forward_key_tile(d, d);  // the library's tile for this head size
@@ -301,7 +299,7 @@ void BM_Attention_fast_kernel(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
   report_flops(st, in.flops, t0);
-  st.SetLabel(isa + ", kernel only");
+  st.SetLabel(std::string(K.isa) + ", kernel only");
 }
 
 // A sliding-window layer: the kernel visits only the key tiles of each query block's band, so the

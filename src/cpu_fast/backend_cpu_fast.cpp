@@ -737,6 +737,10 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
 
 }  // namespace
 
+namespace fast {
+const Kernels& active_kernels() { return active(); }
+}  // namespace fast
+
 namespace cpu_fast {
 
 std::string_view isa() { return active().isa; }

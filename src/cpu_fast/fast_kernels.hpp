@@ -138,5 +138,7 @@ const Kernels& kernels_generic();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
 #endif
+/// The variant the fast backend runs now (cpu_fast::isa(), cpu_fast::set_isa; backend_cpu_fast.cpp).
+const Kernels& active_kernels();
 
 }  // namespace oasis::fast

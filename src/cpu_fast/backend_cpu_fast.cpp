@@ -495,42 +495,39 @@ void backward_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<
   else g.scores = Tensor<float>();
   const Strides gqs = strides_of(g.q, opt.layout), gks = strides_of(g.k, opt.layout), gvs = strides_of(g.v, opt.layout);
 
-  // per row: 1/S, D = <dO, O> + p_null dP, dLSE, and ds = p_null ((dP - D) + dLSE) (the reference's
-  // normalize_row_backward arithmetic, with D from the output as FlashAttention-2 forms it)
-  float* rowbuf = grow(tl_rows, static_cast<std::size_t>(4 * nrows));
-  float *row_inv = rowbuf, *row_D = rowbuf + nrows, *row_dlse = rowbuf + 2 * nrows, *row_ds = rowbuf + 3 * nrows;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (index_t bh = 0; bh < s.B * s.H; ++bh)
-    for (index_t t = 0; t < s.Tq; ++t) {
-      const index_t b = bh / s.H, h = bh % s.H, r = bh * s.Tq + t;
-      const float sl = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
-      row_inv[r] = online::finish(online::State{st.max[r], st.sum[r]}, has_null, sl).inv;
-      const float pn = has_null ? fwd.p_null[r] : 0.0f;
-      const float dP = d.p_null.empty() ? 0.0f : d.p_null[r];
-      const float dl = d.lse.empty() ? 0.0f : d.lse[r];
-      const float* o = fwd.out.data() + b * os.b + h * os.h + t * os.t;
-      const float* dot_ = d.out.data() + b * os.b + h * os.h + t * os.t;
-      float D = has_null ? pn * dP : 0.0f;
-      for (index_t c = 0; c < s.d_v; ++c) D += dot_[c] * o[c];
-      row_D[r] = D;
-      row_dlse[r] = dl;
-      row_ds[r] = has_null ? pn * ((dP - D) + dl) : 0.0f;
-    }
-
   // packed operands: q, keys and values by pack_backward_inputs (the same sizes: the same
-  // buffers); dO rows padded to ldv
+  // buffers); dO rows padded to ldv, and per row, from the copy while it is cached: 1/S,
+  // D = <dO, O> + p_null dP, dLSE, and ds = p_null ((dP - D) + dLSE) (the reference's
+  // normalize_row_backward arithmetic, with D from the output as FlashAttention-2 forms it)
   const float* qp = grow(tl_qp, static_cast<std::size_t>(nrows * ldh));
   const float* kp = grow(tl_kp, static_cast<std::size_t>(BHkv * nt * kKeyTile * ldh));
   const float* kt = grow(tl_ktb, static_cast<std::size_t>(BHkv * nt * s.d_h * kKeyTile));
   const float* vt = grow(tl_vt, static_cast<std::size_t>(BHkv * nt * s.d_v * kKeyTile));
   float* dop = grow(tl_dop, static_cast<std::size_t>(nrows * ldv));
+  float* rowbuf = grow(tl_rows, static_cast<std::size_t>(4 * nrows));
+  float *row_inv = rowbuf, *row_D = rowbuf + nrows, *row_dlse = rowbuf + 2 * nrows, *row_ds = rowbuf + 3 * nrows;
   const index_t nqblk = (s.Tq + kKeyTile - 1) / kKeyTile;
 #pragma omp parallel for collapse(2) schedule(static)
   for (index_t bh = 0; bh < s.B * s.H; ++bh)
     for (index_t blk = 0; blk < nqblk; ++blk) {
-      const index_t b = bh / s.H, h = bh % s.H, t0 = blk * kKeyTile;
-      K.copy_rows(d.out.data() + b * os.b + h * os.h + t0 * os.t, os.t, std::min(kKeyTile, s.Tq - t0), s.d_v,
+      const index_t b = bh / s.H, h = bh % s.H, t0 = blk * kKeyTile, t1 = std::min(s.Tq, t0 + kKeyTile);
+      K.copy_rows(d.out.data() + b * os.b + h * os.h + t0 * os.t, os.t, t1 - t0, s.d_v,
                   dop + (bh * s.Tq + t0) * ldv, ldv);
+      const float sl = opt.null_logits.empty() ? 0.0f : static_cast<float>(opt.null_logits[static_cast<std::size_t>(h)]);
+      for (index_t t = t0; t < t1; ++t) {
+        const index_t r = bh * s.Tq + t;
+        row_inv[r] = online::finish(online::State{st.max[r], st.sum[r]}, has_null, sl).inv;
+        const float pn = has_null ? fwd.p_null[r] : 0.0f;
+        const float dP = d.p_null.empty() ? 0.0f : d.p_null[r];
+        const float dl = d.lse.empty() ? 0.0f : d.lse[r];
+        const float* o = fwd.out.data() + b * os.b + h * os.h + t * os.t;
+        const float* dot_ = dop + r * ldv;
+        float D = has_null ? pn * dP : 0.0f;
+        for (index_t c = 0; c < s.d_v; ++c) D += dot_[c] * o[c];
+        row_D[r] = D;
+        row_dlse[r] = dl;
+        row_ds[r] = has_null ? pn * ((dP - D) + dl) : 0.0f;
+      }
     }
 
   // visible key ranges per (batch, query); chunks of key tiles per (batch, kv head): one when

@@ -189,9 +189,9 @@ bool pack_panel(const float* x, const Strides& xs, index_t b, index_t h, index_t
       const F4 t2 = OASIS_SHUFFLE2(a2, a3, 0, 4, 1, 5), t3 = OASIS_SHUFFLE2(a2, a3, 2, 6, 3, 7);
       float* o = dst + c * KT + jj;
       store4(o, OASIS_SHUFFLE2(t0, t2, 0, 1, 4, 5));                 // column c of rows jj..jj+3
-      store4(o + KT, OASIS_SHUFFLE2(t0, t2, 2, 3, 6, 7));      // column c + 1
-      store4(o + 2 * KT, OASIS_SHUFFLE2(t1, t3, 0, 1, 4, 5));  // column c + 2
-      store4(o + 3 * KT, OASIS_SHUFFLE2(t1, t3, 2, 3, 6, 7));  // column c + 3
+      store4(o + KT, OASIS_SHUFFLE2(t0, t2, 2, 3, 6, 7));            // column c + 1
+      store4(o + 2 * KT, OASIS_SHUFFLE2(t1, t3, 0, 1, 4, 5));        // column c + 2
+      store4(o + 3 * KT, OASIS_SHUFFLE2(t1, t3, 2, 3, 6, 7));        // column c + 3
     }
     for (index_t c = d4; c < d; ++c) {
       dst[c * KT + jj] = r0[c];
@@ -315,7 +315,6 @@ void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor
         a.q = q.data() + b * qs.b + h * qs.h + t0 * qs.t;
         a.ldq = qs.t;
         finite = K.finite_rows(a.q, a.ldq, a.rows, s.d_h) && finite;
-        a.key_tile = KT;
         a.kt = kt + (bhk - kv0) * nt * s.d_h * KT;
         a.v = pack_v ? vp + (bhk - kv0) * s.Tk * ldv : vd + b * vs.b + hk * vs.h;
         a.ldv_in = pack_v ? ldv : vs.t;

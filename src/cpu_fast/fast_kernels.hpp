@@ -24,8 +24,8 @@ inline constexpr idx kKeyTile = 64;         ///< keys per tile (columns of a sco
 inline constexpr idx kKeyTileNarrow = 128;  ///< the forward's for narrow heads (forward_key_tile)
 inline constexpr idx kQueryTile = 64;       ///< query rows per task
 
-/// Keys per tile of the forward (AttnBlock::key_tile): 128 when d_h and d_v are at most 64, else
-/// 64 (a tile's key panel and value rows, key_tile (d_h + d_v) floats, stay within 64 KB). Twice
+/// Keys per tile of the forward (the kernel's and the key packing's): 128 when d_h and d_v are at most 64, else
+/// 64 (a tile's key panel and value rows, KT (d_h + d_v) floats, stay within 64 KB). Twice
 /// the keys halve the per-tile work of each row (tile maximum, rescale, state update, the output
 /// accumulator's loads and stores in the P V product); measured on an AVX-512 core at T = 1024,
 /// 4 % faster for heads of 64 and 3 to 8 % slower for heads of 128 (docs/benchmarks.md,
@@ -57,8 +57,8 @@ using Workspace = std::vector<float, CacheLineAllocator<float>>;
 struct AttnBlock {
   const float* q;        ///< first query row; rows are ldq apart
   idx ldq, rows, d_h;
-  idx key_tile;          ///< keys per tile: forward_key_tile(d_h, d_v) (kKeyTile or kKeyTileNarrow)
-  const float* kt;       ///< packed key tiles of the kv head: tile t at kt + t*d_h*key_tile, layout [d_h][key_tile]
+  const float* kt;       ///< packed key tiles of the kv head, KT = forward_key_tile(d_h, d_v) keys each:
+                         ///< tile t at kt + t*d_h*KT, layout [d_h][KT]
   const float* v;        ///< values: key j's row at v + j*ldv_in, read ldv wide (the input in place
   idx ldv_in, ldv, d_v;  ///< when d_v = ldv, else a copy padded with zeros); ldv: d_v in whole vectors
   const idx* kbegin;     ///< visible keys of row i: [kbegin[i], kend[i]) (both non-decreasing in i;
@@ -67,7 +67,7 @@ struct AttnBlock {
   idx ldb;
   float scale, null_logit;
   bool has_null;         ///< softmax1 (null category of logit null_logit) or plain softmax
-  float* s_ws;           ///< workspace rows x key_tile (scores, then probabilities of one tile)
+  float* s_ws;           ///< workspace rows x KT (scores, then probabilities of one tile)
   float* o_ws;           ///< workspace rows x ldv (unnormalised output)
   online::State* st_ws;  ///< workspace rows (the online state (M, S) of each row)
   float* out;            ///< rows ldo apart, d_v each

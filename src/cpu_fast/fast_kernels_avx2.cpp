@@ -32,7 +32,7 @@ static inline __attribute__((always_inline)) float hsum(V a) {
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
-constexpr int MR = 4, NC = 2;
+constexpr int MR = 4, NC = 3;
 #define ISA_NAME "avx2"
 #include "fast_kernels_impl.inc"
 #undef ISA_NAME

@@ -213,7 +213,7 @@ void run_attention_fast(benchmark::State& st, const AttnInputs& in) {
     benchmark::ClobberMemory();
   }
   report_flops(st, in.flops, t0);
-  st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+  st.SetLabel(std::string(cpu_fast::isa()) + ", " + std::string(cpu_fast::route_streams()) + ", reused result");
 }
 void BM_Attention_fast(benchmark::State& st) { run_attention_fast(st, attn_inputs(st.range(0), st.range(1))); }
 
@@ -324,7 +324,7 @@ void BM_Attention_fast_backend_api(benchmark::State& st) {
   const Span t0 = Span::start();
   for (auto _ : st) benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, in.q, in.k, in.v, in.opt));
   report_flops(st, in.flops, t0);
-  st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
+  st.SetLabel(std::string(cpu_fast::isa()) + ", " + std::string(cpu_fast::route_streams()) + ", fresh result per call");
 }
 
 // ---- attention backward ----------------------------------------------------------------------
@@ -417,7 +417,7 @@ void BM_Route_fast(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
   report_bytes(st, in.bytes, t0);
-  st.SetLabel(std::string(cpu_fast::isa()) + ", reused result");
+  st.SetLabel(std::string(cpu_fast::isa()) + ", " + std::string(cpu_fast::route_streams()) + ", reused result");
 }
 
 void BM_Route_fast_backend_api(benchmark::State& st) {
@@ -427,7 +427,7 @@ void BM_Route_fast_backend_api(benchmark::State& st) {
   for (auto _ : st)
     benchmark::DoNotOptimize(attn_res_route(Backend::cpu_fast, in.sources, in.g, in.psi, in.kinds, DepthOptions{}));
   report_bytes(st, in.bytes, t0);
-  st.SetLabel(std::string(cpu_fast::isa()) + ", fresh result per call");
+  st.SetLabel(std::string(cpu_fast::isa()) + ", " + std::string(cpu_fast::route_streams()) + ", fresh result per call");
 }
 
 // ---- one AttnRes attention sublayer from the core ops -------------------------------------------
@@ -540,6 +540,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("cpu_model", oasis_bench::cpuinfo_field("model name"));
   benchmark::AddCustomContext("threads", std::to_string(oasis_bench::threads()));
   benchmark::AddCustomContext("cpu_fast_isa", std::string(oasis::cpu_fast::isa()));
+  benchmark::AddCustomContext("cpu_fast_route_streams", std::string(oasis::cpu_fast::route_streams()));
   benchmark::AddCustomContext("eigen_simd_ceiling", oasis_bench::eigen_simd());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

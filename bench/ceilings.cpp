@@ -4,6 +4,7 @@
 #include "ceilings.hpp"
 
 #include <Eigen/Core>
+#include <string>
 
 namespace oasis_bench {
 
@@ -20,6 +21,19 @@ void triad(float* a, const float* b, const float* c, float s, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
 }
 
-const char* eigen_simd() { return Eigen::SimdInstructionSetsInUse(); }
+const char* eigen_simd() {
+#if !defined(EIGEN_VECTORIZE_AVX512) && defined(EIGEN_VECTORIZE_AVX2)
+  // Eigen 3.4 names its AVX2 (+ FMA) builds "AVX SSE, ..."; it lists AVX2 and FMA only with AVX-512
+  static const std::string s = std::string(
+#if defined(EIGEN_VECTORIZE_FMA)
+                                   "FMA, "
+#endif
+                                   "AVX2, ") +
+                               Eigen::SimdInstructionSetsInUse();
+  return s.c_str();
+#else
+  return Eigen::SimdInstructionSetsInUse();
+#endif
+}
 
 }  // namespace oasis_bench

@@ -72,6 +72,37 @@ std::atomic<const Kernels*>& active_slot() {
 }
 const Kernels& active() { return *active_slot().load(std::memory_order_acquire); }
 
+// How the depth mixing streams its sources (fast::MixStreams): four per pass into L1 on AMD, two
+// per pass into L2 elsewhere (docs/benchmarks.md, "Where the AMD runs lost: depth routing").
+// OASIS_CPU_FAST_ROUTE_STREAMS=pairs-l2|quads-l1 forces one (benchmarks of each).
+struct NamedStreams {
+  const char* name;
+  fast::MixStreams streams;
+};
+constexpr NamedStreams kStreams[] = {{"pairs-l2", fast::MixStreams::pairs_l2}, {"quads-l1", fast::MixStreams::quads_l1}};
+
+const NamedStreams* find_streams(std::string_view name) {
+  for (const NamedStreams& s : kStreams)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+const NamedStreams* initial_streams() {
+  if (const char* env = std::getenv("OASIS_CPU_FAST_ROUTE_STREAMS"))
+    if (const NamedStreams* s = find_streams(env)) return s;
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("amd")) return find_streams("quads-l1");
+#endif
+  return find_streams("pairs-l2");
+}
+
+std::atomic<const NamedStreams*>& streams_slot() {
+  static std::atomic<const NamedStreams*> slot{initial_streams()};
+  return slot;
+}
+
+constexpr index_t kRouteTile = 16;  // depth routing: tokens per tile (16 floats: one cache line)
 constexpr index_t kMixTokens = 4;  // depth mixing: up to 4 tokens per block when 4 d <= 4096
 
 // Workspaces (grow only): the calling thread's packed keys/values and visible key ranges, and
@@ -677,48 +708,68 @@ void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const 
   ensure_shape(r.g, {n, N});
   ensure_shape(r.dpsi, {n, N});
 
-  // Weights: the reference's scalar functions per token. An error is reported for the first
-  // failing token, as the reference's sequential loop would (non-finite sources take precedence,
-  // as the reference checks them first). Mixing: the vectorised kernel. Both loops are static
-  // over the same token blocks, so each thread mixes exactly the tokens it weighted and no
-  // barrier is needed between them (nowait); one parallel region per call.
+  // Per tile of kRouteTile consecutive tokens: the weights, by the reference's scalar functions
+  // per token, then the mixing of the tile's tokens, ntok at a time, by the vectorised kernel. The
+  // [n, N] inputs and outputs are read and written a tile at a time (one cache line per source
+  // row), not token by token (a column of [n, N] touches n lines N floats apart, which share one
+  // set of the L1 cache). An error is reported for the first failing token, as the reference's
+  // sequential loop would (non-finite sources take precedence, as the reference checks them
+  // first); a tile with a failing token is not mixed. One parallel region per call.
   std::exception_ptr err;
   index_t err_t = N;
   bool ok = true;
   const fast::Kernels& K = active();
+  const fast::MixStreams streams = streams_slot().load(std::memory_order_acquire)->streams;
   // blocks of ntok consecutive tokens (adjacent rows in every source: longer contiguous reads)
   const index_t ntok = std::max<index_t>(1, std::min<index_t>(kMixTokens, 4096 / d));
-  const index_t nblk = (N + ntok - 1) / ntok;
+  const index_t ntile = (N + kRouteTile - 1) / kRouteTile;
 #pragma omp parallel reduction(&& : ok)
   {
     Vec<float> g(n), ps(n);
-    float* al = grow(tl_alpha, static_cast<std::size_t>(n * ntok));
-    bool mine_ok = true;
-#pragma omp for schedule(static) nowait
-    for (index_t blk = 0; blk < nblk; ++blk)
-      for (index_t t = blk * ntok; t < std::min(N, (blk + 1) * ntok); ++t) {
+    // token-major tiles [kRouteTile][n]: g_old, psi, then alpha (the kernel's layout), g, dpsi
+    float* buf = grow(tl_alpha, static_cast<std::size_t>(5 * kRouteTile * n));
+    float* tg = buf;
+    float* tps = buf + kRouteTile * n;
+    float* tal = buf + 2 * kRouteTile * n;
+    float* tgn = buf + 3 * kRouteTile * n;
+    float* tdp = buf + 4 * kRouteTile * n;
+#pragma omp for schedule(static)
+    for (index_t tile = 0; tile < ntile; ++tile) {
+      const index_t t0 = tile * kRouteTile, cnt = std::min(kRouteTile, N - t0);
+      for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < cnt; ++j) {
+          tg[j * n + i] = g_old(i, t0 + j);
+          tps[j * n + i] = psi(i, t0 + j);
+        }
+      bool tile_ok = true;
+      for (index_t j = 0; j < cnt; ++j) {
         try {
-          for (index_t i = 0; i < n; ++i) { g[i] = g_old(i, t); ps[i] = psi(i, t); }
+          for (index_t i = 0; i < n; ++i) { g[i] = tg[j * n + i]; ps[i] = tps[j * n + i]; }
           const DepthWeights<float> w = depth_weights(g, ps, kinds, opt);
-          r.alpha_null[t] = w.alpha_null;
+          r.alpha_null[t0 + j] = w.alpha_null;
           for (index_t i = 0; i < n; ++i) {
-            r.alpha(i, t) = w.alpha[i];
-            r.g(i, t) = w.g[i];
-            r.dpsi(i, t) = w.dpsi[i];
+            tal[j * n + i] = w.alpha[i];
+            tgn[j * n + i] = w.g[i];
+            tdp[j * n + i] = w.dpsi[i];
           }
         } catch (...) {
-          mine_ok = false;
+          tile_ok = false;
 #pragma omp critical(oasis_cpu_fast_route_error)
-          if (t < err_t) { err_t = t; err = std::current_exception(); }
+          if (t0 + j < err_t) { err_t = t0 + j; err = std::current_exception(); }
         }
       }
-#pragma omp for schedule(static)
-    for (index_t blk = 0; blk < nblk; ++blk) {
-      if (!mine_ok) continue;  // this thread's weights are incomplete; the error is rethrown below
-      const index_t t0 = blk * ntok, cnt = std::min(ntok, N - t0);
-      for (index_t j = 0; j < cnt; ++j)
-        for (index_t i = 0; i < n; ++i) al[j * n + i] = r.alpha(i, t0 + j);
-      ok = K.mix(sources.data() + t0 * d, N * d, al, n, d, cnt, r.h.data() + t0 * d) && ok;
+      if (!tile_ok) continue;  // the error is rethrown below
+      for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < cnt; ++j) {
+          r.alpha(i, t0 + j) = tal[j * n + i];
+          r.g(i, t0 + j) = tgn[j * n + i];
+          r.dpsi(i, t0 + j) = tdp[j * n + i];
+        }
+      for (index_t j = 0; j < cnt; j += ntok) {
+        const index_t m = std::min(ntok, cnt - j);
+        ok = K.mix(sources.data() + (t0 + j) * d, N * d, tal + j * n, n, d, m, r.h.data() + (t0 + j) * d, streams,
+                   t0 + j + m < N) && ok;
+      }
     }
   }
   if (err) {
@@ -755,6 +806,24 @@ void set_isa(std::string_view name) {
     throw invalid_argument("isa", "'" + std::string(name) + "' is not supported on this CPU (available: " + list + ")");
   }
   active_slot().store(k, std::memory_order_release);
+}
+
+std::string_view route_streams() { return streams_slot().load(std::memory_order_acquire)->name; }
+
+std::vector<std::string> available_route_streams() {
+  std::vector<std::string> out;
+  for (const NamedStreams& s : kStreams) out.emplace_back(s.name);
+  return out;
+}
+
+void set_route_streams(std::string_view name) {
+  const NamedStreams* s = find_streams(name);
+  if (!s) {
+    std::string list;
+    for (const std::string& n : available_route_streams()) list += (list.empty() ? "" : ", ") + n;
+    throw invalid_argument("route_streams", "unknown '" + std::string(name) + "' (available: " + list + ")");
+  }
+  streams_slot().store(s, std::memory_order_release);
 }
 
 void release_workspaces() {

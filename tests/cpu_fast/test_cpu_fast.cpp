@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "oasis/backend.hpp"
@@ -34,6 +36,11 @@ namespace {
 struct IsaGuard {
   std::string saved{cpu_fast::isa()};
   ~IsaGuard() { cpu_fast::set_isa(saved); }
+};
+// The same for the depth mixing's streaming (cpu_fast::route_streams).
+struct StreamsGuard {
+  std::string saved{cpu_fast::route_streams()};
+  ~StreamsGuard() { cpu_fast::set_route_streams(saved); }
 };
 
 // What f threw (an oasis::invalid_argument), if anything.
@@ -1074,6 +1081,8 @@ std::vector<RouteCase> route_cases() {
       {"vanilla_softmax", 6, 9, 37, {K::initial, K::attention, K::headless, K::attention, K::headless, K::attention}, plain_softmax()},
       {"single_source", 1, 11, 16, {K::initial}, {}},
       {"no_evidence_rule", 7, 20, 2048, {K::initial, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless}, strong_v2()},
+      // two whole passes of four and of two sources, then a pass of one or of two (the tails)
+      {"ten_sources", 10, 13, 1100, {K::initial, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless, K::attention}, {}},
   };
 }
 
@@ -1087,16 +1096,19 @@ TEST_P(RouteParity, BitwiseEqualToReferenceForEveryIsa) {
   const Tensor<float> psi = oasis::test::uniform<float>({c.n, c.N}, rng, 0.0, 1.0);
   const DepthRoute<float> ref = attn_res_route(src, g, psi, c.kinds, c.opt);
   IsaGuard guard;
-  for (const std::string& isa : cpu_fast::available_isas()) {
-    SCOPED_TRACE("isa " + isa);
-    cpu_fast::set_isa(isa);
-    const DepthRoute<float> f = attn_res_route(Backend::cpu_fast, src, g, psi, c.kinds, c.opt);
-    EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
-    EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
-    EXPECT_TRUE(oasis::test::exactly_equal("alpha_null", f.alpha_null, ref.alpha_null));
-    EXPECT_TRUE(oasis::test::exactly_equal("g", f.g, ref.g));
-    EXPECT_TRUE(oasis::test::exactly_equal("dpsi", f.dpsi, ref.dpsi));
-  }
+  StreamsGuard streams_guard;
+  for (const std::string& isa : cpu_fast::available_isas())
+    for (const std::string& streams : cpu_fast::available_route_streams()) {
+      SCOPED_TRACE("isa " + isa + ", route streams " + streams);
+      cpu_fast::set_isa(isa);
+      cpu_fast::set_route_streams(streams);
+      const DepthRoute<float> f = attn_res_route(Backend::cpu_fast, src, g, psi, c.kinds, c.opt);
+      EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
+      EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
+      EXPECT_TRUE(oasis::test::exactly_equal("alpha_null", f.alpha_null, ref.alpha_null));
+      EXPECT_TRUE(oasis::test::exactly_equal("g", f.g, ref.g));
+      EXPECT_TRUE(oasis::test::exactly_equal("dpsi", f.dpsi, ref.dpsi));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuFast, RouteParity, ::testing::ValuesIn(route_cases()),
@@ -1137,12 +1149,60 @@ TEST(CpuFastRoute, InvalidInputSameErrorAsReference) {
   EXPECT_EQ(route_error(true, src, g, psi, {K::initial}), route_error(false, src, g, psi, {K::initial}));
 }
 
+// A non-finite element in any source (every position within a pass of two or of four, and in the
+// tail passes) and in either part of a row (the vectors, the scalar tail: d = 40 is two vectors
+// of 16 and 8 floats) is reported as the reference reports it, with every ISA and streaming.
+TEST(CpuFastRoute, NonFiniteSourceAnywhereSameErrorAsReference) {
+  using K = SourceKind;
+  const std::vector<SourceKind> kinds{K::initial, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless};
+  const index_t n = 7, N = 6, d = 40;
+  auto rng = oasis::test::make_rng(8003);
+  const Tensor<float> src = oasis::test::randn<float>({n, N, d}, rng);
+  const Tensor<float> g = oasis::test::randn<float>({n, N}, rng);
+  const Tensor<float> psi = oasis::test::uniform<float>({n, N}, rng, 0.0, 1.0);
+  IsaGuard guard;
+  StreamsGuard streams_guard;
+  for (const std::string& isa : cpu_fast::available_isas())
+    for (const std::string& streams : cpu_fast::available_route_streams()) {
+      cpu_fast::set_isa(isa);
+      cpu_fast::set_route_streams(streams);
+      for (index_t i = 0; i < n; ++i)
+        for (const index_t c : {index_t{3}, index_t{37}})
+          for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+            SCOPED_TRACE("isa " + isa + ", route streams " + streams + ", source " + std::to_string(i) + ", column " +
+                         std::to_string(c) + ", value " + std::to_string(bad));
+            Tensor<float> s = src;
+            s(i, N - 1, c) = bad;
+            const std::string ref = route_error(false, s, g, psi, kinds);
+            ASSERT_FALSE(ref.empty());
+            EXPECT_EQ(route_error(true, s, g, psi, kinds), ref);
+          }
+    }
+}
+
 TEST(CpuFastIsa, UnknownVariantIsRejected) {
   EXPECT_THROW(cpu_fast::set_isa("avx9000"), invalid_argument);
   const std::vector<std::string> isas = cpu_fast::available_isas();
   ASSERT_FALSE(isas.empty());
   EXPECT_EQ(isas.back(), "generic");
   if (!std::getenv("OASIS_CPU_FAST_ISA")) EXPECT_EQ(std::string(cpu_fast::isa()), isas.front());  // widest by default
+}
+
+TEST(CpuFastRouteStreams, UnknownStreamingIsRejectedAndTheDefaultFollowsTheVendor) {
+  const Thrown t = thrown_by([] { cpu_fast::set_route_streams("octets-l3"); });
+  EXPECT_TRUE(t.threw);
+  EXPECT_EQ(t.argument, "route_streams");
+  EXPECT_NE(t.what.find("pairs-l2"), std::string::npos) << t.what;  // the message lists the choices
+  const std::vector<std::string> all = cpu_fast::available_route_streams();
+  EXPECT_EQ(all, (std::vector<std::string>{"pairs-l2", "quads-l1"}));
+  if (!std::getenv("OASIS_CPU_FAST_ROUTE_STREAMS")) {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line, vendor;
+    while (vendor.empty() && std::getline(cpuinfo, line))
+      if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 1);
+    const bool amd = vendor.find("AuthenticAMD") != std::string::npos;
+    EXPECT_EQ(std::string(cpu_fast::route_streams()), amd ? "quads-l1" : "pairs-l2") << "vendor" << vendor;
+  }
 }
 
 }  // namespace

@@ -111,8 +111,8 @@ struct BwdBlock {
 };
 
 /// How the depth mixing (Kernels::mix) streams its sources through the output block: pairs_l2, two
-/// sources per pass and the next pass's rows prefetched into L2; quads_l1, four per pass, each
-/// stream prefetched 2 KiB ahead into L1. The fast backend chooses by CPU vendor, quads_l1 on AMD
+/// sources per pass in the ISA's vectors and the next pass's rows prefetched into L2; quads_l1,
+/// four per pass in vectors of at most 32 bytes, each stream prefetched 2 KiB ahead into L1. The fast backend chooses by CPU vendor, quads_l1 on AMD
 /// and pairs_l2 elsewhere (docs/benchmarks.md, "Where the Intel runs lost, part 2" and "Where the
 /// AMD runs lost: depth routing"); both are bitwise the reference.
 enum class MixStreams { pairs_l2, quads_l1 };
@@ -137,8 +137,9 @@ struct Kernels {
   /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
   /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the
   /// reference's arithmetic), its sources streamed as `m` says; `more`: the caller mixes the
-  /// tokens that follow next (their rows may be prefetched). Returns false if a source element is
-  /// not finite.
+  /// tokens that follow next (their rows may be prefetched). Returns false if an element of h is
+  /// not finite: always when a source element is not finite (with finite weights; see the mixing
+  /// in fast_kernels_impl.inc), and also when a sum of finite terms overflows.
   bool (*mix)(const float* src, idx stride, const float* alpha, idx n, idx d, idx ntok, float* h, MixStreams m,
               bool more);
 };

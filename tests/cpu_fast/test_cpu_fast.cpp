@@ -1181,6 +1181,38 @@ TEST(CpuFastRoute, NonFiniteSourceAnywhereSameErrorAsReference) {
     }
 }
 
+// Finite sources whose weighted sum overflows (every source at the largest float; the rounded
+// weights of a plain softmax may sum to just over 1) are not an error: the reference returns the
+// infinite h, and so must the fast path, which reads finiteness off its output and tells this case
+// from a non-finite source by checking the sources (Kernels::mix).
+TEST(CpuFastRoute, FiniteSourcesWhoseSumOverflowsAreNotAnError) {
+  using K = SourceKind;
+  const index_t n = 3, N = 64, d = 40;
+  const std::vector<SourceKind> kinds{K::initial, K::attention, K::headless};
+  Tensor<float> src({n, N, d});
+  for (index_t i = 0; i < src.size(); ++i) src.data()[i] = std::numeric_limits<float>::max();
+  auto rng = oasis::test::make_rng(8004);
+  const Tensor<float> g = oasis::test::randn<float>({n, N}, rng);
+  const Tensor<float> psi = oasis::test::uniform<float>({n, N}, rng, 0.0, 1.0);
+  const DepthRoute<float> ref = attn_res_route(src, g, psi, kinds, plain_softmax());
+  index_t overflowed = 0;
+  for (index_t t = 0; t < N; ++t) overflowed += std::isinf(ref.h(t, 0)) ? 1 : 0;
+  ASSERT_GT(overflowed, 0) << "seed 8004 no longer makes an overflowing token; choose another";
+  ASSERT_LT(overflowed, N);
+  IsaGuard guard;
+  StreamsGuard streams_guard;
+  for (const std::string& isa : cpu_fast::available_isas())
+    for (const std::string& streams : cpu_fast::available_route_streams()) {
+      SCOPED_TRACE("isa " + isa + ", route streams " + streams);
+      cpu_fast::set_isa(isa);
+      cpu_fast::set_route_streams(streams);
+      DepthRoute<float> f;
+      ASSERT_NO_THROW(f = attn_res_route(Backend::cpu_fast, src, g, psi, kinds, plain_softmax()));
+      EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
+      EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
+    }
+}
+
 TEST(CpuFastIsa, UnknownVariantIsRejected) {
   EXPECT_THROW(cpu_fast::set_isa("avx9000"), invalid_argument);
   const std::vector<std::string> isas = cpu_fast::available_isas();

@@ -112,9 +112,10 @@ struct BwdBlock {
 
 /// How the depth mixing (Kernels::mix) streams its sources through the output block: pairs_l2, two
 /// sources per pass in the ISA's vectors and the next pass's rows prefetched into L2; quads_l1,
-/// four per pass in vectors of at most 32 bytes, each stream prefetched 2 KiB ahead into L1. The fast backend chooses by CPU vendor, quads_l1 on AMD
-/// and pairs_l2 elsewhere (docs/benchmarks.md, "Where the Intel runs lost, part 2" and "Where the
-/// AMD runs lost: depth routing"); both are bitwise the reference.
+/// four per pass in vectors of at most 32 bytes, each stream prefetched 2 KiB ahead into L1. The
+/// fast backend chooses by CPU vendor, quads_l1 on AMD and pairs_l2 elsewhere (docs/benchmarks.md,
+/// "Where the Intel runs lost, part 2" and "Where the AMD runs lost: depth routing"); both are
+/// bitwise the reference.
 enum class MixStreams { pairs_l2, quads_l1 };
 
 struct Kernels {

@@ -38,8 +38,9 @@ void set_isa(std::string_view name);
 
 /// How the depth routing's mixing streams its sources: "pairs-l2" (two sources per pass over the
 /// output block, the next pass's rows prefetched into L2) or "quads-l1" (four per pass in vectors
-/// of at most 32 bytes, each stream prefetched 2 KiB ahead into L1), chosen from the CPU vendor (quads-l1 on AMD, pairs-l2
-/// elsewhere; docs/benchmarks.md, "Where the AMD runs lost: depth routing");
+/// of at most 32 bytes, each stream prefetched 2 KiB ahead into L1), chosen from the CPU vendor
+/// (quads-l1 on AMD, pairs-l2 elsewhere; docs/benchmarks.md, "Where the AMD runs lost: depth
+/// routing");
 /// OASIS_CPU_FAST_ROUTE_STREAMS sets the initial choice. Both give bitwise the same result;
 /// set_route_streams forces one (throws oasis::invalid_argument naming "route_streams" for an
 /// unknown name). Process-wide, as set_isa.

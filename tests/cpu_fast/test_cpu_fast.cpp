@@ -42,6 +42,20 @@ struct StreamsGuard {
   std::string saved{cpu_fast::route_streams()};
   ~StreamsGuard() { cpu_fast::set_route_streams(saved); }
 };
+// Runs f() once per ISA x depth-mixing streaming of this CPU, with both set (and restored after)
+// and a trace naming them.
+template <class F>
+void for_each_isa_and_streaming(F&& f) {
+  IsaGuard guard;
+  StreamsGuard streams_guard;
+  for (const std::string& isa : cpu_fast::available_isas())
+    for (const std::string& streams : cpu_fast::available_route_streams()) {
+      SCOPED_TRACE("isa " + isa + ", route streams " + streams);
+      cpu_fast::set_isa(isa);
+      cpu_fast::set_route_streams(streams);
+      f();
+    }
+}
 
 // What f threw (an oasis::invalid_argument), if anything.
 struct Thrown {
@@ -1095,20 +1109,14 @@ TEST_P(RouteParity, BitwiseEqualToReferenceForEveryIsa) {
   const Tensor<float> g = oasis::test::randn<float>({c.n, c.N}, rng, 20.0);  // reaches the +-50 clamp
   const Tensor<float> psi = oasis::test::uniform<float>({c.n, c.N}, rng, 0.0, 1.0);
   const DepthRoute<float> ref = attn_res_route(src, g, psi, c.kinds, c.opt);
-  IsaGuard guard;
-  StreamsGuard streams_guard;
-  for (const std::string& isa : cpu_fast::available_isas())
-    for (const std::string& streams : cpu_fast::available_route_streams()) {
-      SCOPED_TRACE("isa " + isa + ", route streams " + streams);
-      cpu_fast::set_isa(isa);
-      cpu_fast::set_route_streams(streams);
-      const DepthRoute<float> f = attn_res_route(Backend::cpu_fast, src, g, psi, c.kinds, c.opt);
-      EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
-      EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
-      EXPECT_TRUE(oasis::test::exactly_equal("alpha_null", f.alpha_null, ref.alpha_null));
-      EXPECT_TRUE(oasis::test::exactly_equal("g", f.g, ref.g));
-      EXPECT_TRUE(oasis::test::exactly_equal("dpsi", f.dpsi, ref.dpsi));
-    }
+  for_each_isa_and_streaming([&] {
+    const DepthRoute<float> f = attn_res_route(Backend::cpu_fast, src, g, psi, c.kinds, c.opt);
+    EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
+    EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
+    EXPECT_TRUE(oasis::test::exactly_equal("alpha_null", f.alpha_null, ref.alpha_null));
+    EXPECT_TRUE(oasis::test::exactly_equal("g", f.g, ref.g));
+    EXPECT_TRUE(oasis::test::exactly_equal("dpsi", f.dpsi, ref.dpsi));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuFast, RouteParity, ::testing::ValuesIn(route_cases()),
@@ -1161,24 +1169,19 @@ TEST(CpuFastRoute, NonFiniteSourceAnywhereSameErrorAsReference) {
   const Tensor<float> src = oasis::test::randn<float>({n, N, d}, rng);
   const Tensor<float> g = oasis::test::randn<float>({n, N}, rng);
   const Tensor<float> psi = oasis::test::uniform<float>({n, N}, rng, 0.0, 1.0);
-  IsaGuard guard;
-  StreamsGuard streams_guard;
-  for (const std::string& isa : cpu_fast::available_isas())
-    for (const std::string& streams : cpu_fast::available_route_streams()) {
-      cpu_fast::set_isa(isa);
-      cpu_fast::set_route_streams(streams);
-      for (index_t i = 0; i < n; ++i)
-        for (const index_t c : {index_t{3}, index_t{37}})
-          for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-            SCOPED_TRACE("isa " + isa + ", route streams " + streams + ", source " + std::to_string(i) + ", column " +
-                         std::to_string(c) + ", value " + std::to_string(bad));
-            Tensor<float> s = src;
-            s(i, N - 1, c) = bad;
-            const std::string ref = route_error(false, s, g, psi, kinds);
-            ASSERT_FALSE(ref.empty());
-            EXPECT_EQ(route_error(true, s, g, psi, kinds), ref);
-          }
-    }
+  for_each_isa_and_streaming([&] {
+    for (index_t i = 0; i < n; ++i)
+      for (const index_t c : {index_t{3}, index_t{37}})
+        for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+          SCOPED_TRACE("source " + std::to_string(i) + ", column " + std::to_string(c) + ", value " +
+                       std::to_string(bad));
+          Tensor<float> s = src;
+          s(i, N - 1, c) = bad;
+          const std::string ref = route_error(false, s, g, psi, kinds);
+          ASSERT_FALSE(ref.empty());
+          EXPECT_EQ(route_error(true, s, g, psi, kinds), ref);
+        }
+  });
 }
 
 // Finite sources whose weighted sum overflows (every source at the largest float; the rounded
@@ -1199,18 +1202,12 @@ TEST(CpuFastRoute, FiniteSourcesWhoseSumOverflowsAreNotAnError) {
   for (index_t t = 0; t < N; ++t) overflowed += std::isinf(ref.h(t, 0)) ? 1 : 0;
   ASSERT_GT(overflowed, 0) << "seed 8004 no longer makes an overflowing token; choose another";
   ASSERT_LT(overflowed, N);
-  IsaGuard guard;
-  StreamsGuard streams_guard;
-  for (const std::string& isa : cpu_fast::available_isas())
-    for (const std::string& streams : cpu_fast::available_route_streams()) {
-      SCOPED_TRACE("isa " + isa + ", route streams " + streams);
-      cpu_fast::set_isa(isa);
-      cpu_fast::set_route_streams(streams);
-      DepthRoute<float> f;
-      ASSERT_NO_THROW(f = attn_res_route(Backend::cpu_fast, src, g, psi, kinds, plain_softmax()));
-      EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
-      EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
-    }
+  for_each_isa_and_streaming([&] {
+    DepthRoute<float> f;
+    ASSERT_NO_THROW(f = attn_res_route(Backend::cpu_fast, src, g, psi, kinds, plain_softmax()));
+    EXPECT_TRUE(oasis::test::exactly_equal("h", f.h, ref.h));
+    EXPECT_TRUE(oasis::test::exactly_equal("alpha", f.alpha, ref.alpha));
+  });
 }
 
 TEST(CpuFastIsa, UnknownVariantIsRejected) {

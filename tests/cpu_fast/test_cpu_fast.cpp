@@ -1158,9 +1158,9 @@ TEST(CpuFastRoute, InvalidInputSameErrorAsReference) {
 }
 
 // A non-finite element in any source (every position within a pass of two or of four, and in the
-// tail passes) and near either end of a row (d = 40: columns 3 and 37 fall in the one-at-a-time
-// head or tail, or in a vector, depending on the row's alignment) is reported as the reference
-// reports it, with every ISA and streaming.
+// tail passes) and near either end of a row (d = 40: with 64-byte vectors columns 3 and 37 fall in
+// the one-at-a-time head or tail, or in a vector, depending on the row's alignment; with narrower
+// ones both fall in vectors) is reported as the reference reports it, with every ISA and streaming.
 TEST(CpuFastRoute, NonFiniteSourceAnywhereSameErrorAsReference) {
   using K = SourceKind;
   const std::vector<SourceKind> kinds{K::initial, K::attention, K::headless, K::attention, K::headless, K::attention, K::headless};

@@ -30,8 +30,8 @@
 
 #include "bench_support.hpp"
 #include "ceilings.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/cpu_fast.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cpu_fast.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_random.hpp"
 #include "fast_kernels.hpp"  // src/cpu_fast: the kernel table, for BM_Attention_fast_kernel

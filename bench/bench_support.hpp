@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "oasis/attention.hpp"
+#include "oasis/ops/attention.hpp"
 #include "oasis/grad/attention_backward.hpp"
 
 namespace oasis_bench {

@@ -24,7 +24,7 @@
 #include <random>
 
 #include "bench_support.hpp"
-#include "oasis/backend.hpp"
+#include "oasis/backends/backend.hpp"
 #include "oasis/model/io.hpp"
 #include "oasis/model/model.hpp"
 #include "oasis/oasis.hpp"

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "oasis/cpu_fast.hpp"
-#include "oasis/error.hpp"
+#include "oasis/backends/cpu_fast.hpp"
+#include "oasis/core/error.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // proofs_checks/centring_ratio.cpp — the centring ratio identity of the OASIS coupling (§4.3;
-// SPEC §3, §5.6).
+// docs/spec.md §3, §5.6).
 //
 // psi_i = (1/H) sum_h p_null^{(i,h)} (mean over query heads), g_new = g - beta Dpsi, depth Softmax1.
 // For every candidate i:  alpha_i / alpha_null = exp(g_i - beta Dpsi_i)   (definition), hence
@@ -19,7 +19,7 @@ namespace {
 using namespace detail;
 
 const char* const kId = "centring_ratio";
-const char* const kPaperRef = "§4.3 coupling, centring ratio (SPEC §3, §5.6)";
+const char* const kPaperRef = "§4.3 coupling, centring ratio (docs/spec.md §3, §5.6)";
 
 template <class T> struct Implementation {
   std::function<Tensor<T>(const Tensor<T>&)> null_statistic;  ///< p_null [B, H, T] -> psi [B, T]

@@ -1,4 +1,4 @@
-// proofs_checks/coupling_limits.cpp — the coupling's degenerate cases (§4.3; SPEC §3, §5.7).
+// proofs_checks/coupling_limits.cpp — the coupling's degenerate cases (§4.3; docs/spec.md §3, §5.7).
 //
 //   beta = 0                      OASIS routing equals AoS (no coupling) exactly;
 //   one transformed branch        Dpsi = 0 exactly (paper_v2), so routing equals AoS for any beta;
@@ -13,7 +13,7 @@ namespace {
 using namespace detail;
 
 const char* const kId = "coupling_limits";
-const char* const kPaperRef = "§4.3 coupling: beta = 0, one branch, l = 1 (SPEC §3, §5.7)";
+const char* const kPaperRef = "§4.3 coupling: beta = 0, one branch, l = 1 (docs/spec.md §3, §5.7)";
 
 template <class T> struct Implementation {
   RouteFn<T> route;

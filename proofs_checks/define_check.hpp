@@ -25,7 +25,7 @@
 #include "check.hpp"
 #include "check_run.hpp"
 #include "instances.hpp"
-#include "oasis/backend.hpp"
+#include "oasis/backends/backend.hpp"
 
 namespace oasis::checks::detail {
 

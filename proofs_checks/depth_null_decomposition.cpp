@@ -1,5 +1,5 @@
 // proofs_checks/depth_null_decomposition.cpp — the depth null attenuates, it is not an identity
-// shortcut (§4.3; SPEC §3).
+// shortcut (§4.3; docs/spec.md §3).
 //
 // With depth Softmax1 (alpha_null = 1 - sum_i alpha_i) and h = sum_i alpha_i s_i, for ANY
 // reference state h_ref:
@@ -15,7 +15,7 @@ namespace {
 using namespace detail;
 
 const char* const kId = "depth_null_decomposition";
-const char* const kPaperRef = "§4.3 depth null value = 0 (SPEC §3): h - h_ref = sum a_i (s_i - h_ref) - a_null h_ref";
+const char* const kPaperRef = "§4.3 depth null value = 0 (docs/spec.md §3): h - h_ref = sum a_i (s_i - h_ref) - a_null h_ref";
 
 template <class T> struct Implementation {
   RouteFn<T> route;

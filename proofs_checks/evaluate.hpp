@@ -3,7 +3,7 @@
 // A check evaluates token attention and depth routing through std::function types (AttentionFn,
 // RouteFn): the library on a backend by default, a wrong implementation in the teeth tests.
 // attend() and route() evaluate one on an explicit instance in T, compare every output with the
-// library in mp50 under the documented bounds (oasis/error_bounds.hpp), and return the T outputs
+// library in mp50 under the documented bounds (oasis/ops/error_bounds.hpp), and return the T outputs
 // converted to mp50 together with those bounds, for the statement's own allowance.
 #pragma once
 
@@ -14,8 +14,8 @@
 
 #include "check_run.hpp"
 #include "instances.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::checks::detail {

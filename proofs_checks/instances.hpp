@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "check.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::checks::detail {

@@ -1,5 +1,5 @@
 // proofs_checks/mass_scaling.cpp — mass scaling and ratio preservation (Eq. 4.1, App. C.5;
-// SPEC §1, §5.1).
+// docs/spec.md §1, §5.1).
 //
 // With q = softmax(z) and (p, p_null) = softmax with a null category of logit s:
 //   p_j = (1 - p_null) q_j,   p_j / p_k = q_j / q_k,   sum_j p_j + p_null = 1,

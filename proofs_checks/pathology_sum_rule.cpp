@@ -3,7 +3,7 @@
 //
 //   S^AR = L^AR + lambda1 C^AR + lambda2 E^AR,   S^V = L^V + lambda1 C^V + lambda2 E^V   (definitions)
 //   sum rule: lambda1, lambda2 >= 0 and L^AR >= L^V, C^AR >= C^V, E^AR >= E^V  =>  S^AR >= S^V.
-// The check evaluates the library's pathology_score / vanilla_pathology_score (oasis/pathology.hpp)
+// The check evaluates the library's pathology_score / vanilla_pathology_score (oasis/research/pathology.hpp)
 // against the definitions recomputed in mp50, and the sum rule on instances built to satisfy the
 // three component inequalities (the assumption is constructed, not tested on a model):
 //   vanilla p = softmax(z) with its argmax j* in the irrelevant set N (the runner-up outside it); every AttnResidual branch
@@ -11,7 +11,7 @@
 //   maximum, less entropy); depth weights are concentrated softmax weights. Instances where
 //   -H(alpha) spoils E^AR >= E^V are replaced by the collapsed case alpha = (1).
 // Equality: alpha = (1), q = p, where S^AR = S^V.
-#include "oasis/pathology.hpp"
+#include "oasis/research/pathology.hpp"
 #include "statements.hpp"
 #include "support.hpp"
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <sstream>
 
-#include "oasis/backend.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
 #include "oasis/oasis.hpp"
@@ -21,7 +21,7 @@ namespace oasis::verify {
 namespace {
 
 constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
-const char* kParityRef = "SPEC §2-4, tolerance policy (docs/verify.md)";
+const char* kParityRef = "docs/spec.md §2-4, tolerance policy (docs/verify.md)";
 
 // ---------------------------------------------------------------------------------------------
 // parity: every available backend (float) against the mp50 oracle on the same float inputs, under

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "oasis/cuda.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/backends/cuda.hpp"
+#include "oasis/ops/error_bounds.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Consumer of the installed package: reproduces the SPEC §3 teaching example and a Softmax1 row.
+// Consumer of the installed package: reproduces the docs/spec.md §3 teaching example and a Softmax1 row.
 #include <cmath>
 #include <cstdio>
 

@@ -1,5 +1,5 @@
 // oasis-demo — a real demonstration of the core oracle through its public API:
-//  1. the SPEC §3 teaching example (OASIS vs AoS depth weights), double vs 50-digit reference;
+//  1. the docs/spec.md §3 teaching example (OASIS vs AoS depth weights), double vs 50-digit reference;
 //  2. a routing trace over a few random layers: token Softmax1 attention per layer gives p_null,
 //     psi feeds the coupled depth router of the next layer (paper_v2 and authors_code centring).
 #include <algorithm>
@@ -14,7 +14,7 @@ using namespace oasis;
 namespace {
 
 void teaching_example() {
-  std::printf("== SPEC §3 teaching example: psi = (0.8, 0.2), old logits 0, beta = 1, depth Softmax1 ==\n");
+  std::printf("== docs/spec.md §3 teaching example: psi = (0.8, 0.2), old logits 0, beta = 1, depth Softmax1 ==\n");
   const std::vector<SourceKind> kinds{SourceKind::initial, SourceKind::attention, SourceKind::attention};
   Vec<double> g = Vec<double>::Zero(3), psi(3);
   psi << 0.0, 0.8, 0.2;

@@ -3,7 +3,7 @@
 gpt-oss gives every query head h a learned "sink" logit s_h: the softmax runs over the keys plus
 one extra column holding s_h, and that column is dropped before the values are mixed, so the
 weights of the keys sum to 1 - p_sink. That is softmax with a null category of logit s_h
-(SPEC §1): the oracle's op "attention" with normalizer softmax1 and null_logits = the sinks, its
+(docs/spec.md §1): the oracle's op "attention" with normalizer softmax1 and null_logits = the sinks, its
 p_null being the sink probability and its lse the log-sum-exp over the keys and the sink.
 
 Run: PYTHONPATH=build/python /usr/bin/python3 -m pytest examples/python/test_gpt_oss_sinks.py

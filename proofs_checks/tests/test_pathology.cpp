@@ -1,11 +1,11 @@
-// Properties of the pathology scores (include/oasis/pathology.hpp, Definitions 5.1 and 5.2).
+// Properties of the pathology scores (include/oasis/research/pathology.hpp, Definitions 5.1 and 5.2).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "oasis/pathology.hpp"
+#include "oasis/research/pathology.hpp"
 
 namespace {
 

@@ -1,8 +1,8 @@
-// Backend dispatch (include/oasis/backend.hpp).
-#include "oasis/backend.hpp"
+// Backend dispatch (include/oasis/backends/backend.hpp).
+#include "oasis/backends/backend.hpp"
 
 #include "oasis/grad/instances.hpp"
-#include "oasis/instances.hpp"
+#include "oasis/core/instances.hpp"
 
 namespace oasis {
 

@@ -1,6 +1,6 @@
 // The CUDA backend's entry points in a build without the CUDA toolkit (CMake compiles this file
 // only when OASIS_HAVE_CUDA is off): the backend reports itself unavailable with the reason.
-#include "oasis/backend.hpp"
+#include "oasis/backends/backend.hpp"
 
 namespace oasis::detail {
 

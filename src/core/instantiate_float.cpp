@@ -1,5 +1,5 @@
-// Explicit instantiation of the core for float (see include/oasis/instances.hpp).
+// Explicit instantiation of the core for float (see include/oasis/core/instances.hpp).
 #define OASIS_INSTANTIATING
-#include "oasis/instances.hpp"
+#include "oasis/core/instances.hpp"
 
 OASIS_CORE_INSTANCES(, float)

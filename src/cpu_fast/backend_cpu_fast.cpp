@@ -1,4 +1,4 @@
-// Fast CPU backend (Backend::cpu_fast, include/oasis/cpu_fast.hpp).
+// Fast CPU backend (Backend::cpu_fast, include/oasis/backends/cpu_fast.hpp).
 //
 // Token attention: the fused, tiled, online-normalised kernel of fast_kernels_impl.inc, run by
 // OpenMP over (batch, query head, block of kQueryTile queries), most expensive causal blocks first.
@@ -30,9 +30,9 @@
 #include <type_traits>
 
 #include "fast_kernels.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/cpu_fast.hpp"
-#include "oasis/instances.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cpu_fast.hpp"
+#include "oasis/core/instances.hpp"
 
 namespace oasis {
 namespace {
@@ -697,7 +697,7 @@ AttentionGrads<float> forward_and_backward(const Tensor<float>& q, const Tensor<
 
 void route_impl(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                 const std::vector<SourceKind>& kinds, const DepthOptions& opt, DepthRoute<float>& r) {
-  // the reference's shape checks (oasis/depth.hpp); the sources are checked for finiteness only
+  // the reference's shape checks (oasis/ops/depth.hpp); the sources are checked for finiteness only
   // where the mixing's output is not finite (Kernels::mix), with the reference's message.
   // plain variables, not a structured binding: OpenMP regions may not capture bindings (clang)
   const RouteShape shape = check_route_shapes(sources, g_old, psi, kinds);

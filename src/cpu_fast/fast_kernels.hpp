@@ -14,7 +14,7 @@
 #include <new>
 #include <vector>
 
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis::fast {
 

@@ -1,4 +1,4 @@
-// src/cuda/attention.cu — fused token attention forward with a null category (SPEC §1–2, §8).
+// src/cuda/attention.cu — fused token attention forward with a null category (docs/spec.md §1–2, §8).
 //
 // One thread block = 4 warps = kQueryTile (16) queries of one (batch, head); each warp owns 4
 // queries and the block streams the key tiles of kKeyTile (32) keys (lane j scores key j0 + j)
@@ -6,7 +6,7 @@
 // mask, sliding window; every tile outside the band of the block is skipped, so a windowed row
 // costs O(W), not O(Tk)) through shared memory (converted to float32 on load, so float16 /
 // bfloat16 inputs are accumulated in float32). Each query runs the online softmax of
-// oasis/online_softmax.hpp (start, rescale, weight, finish: the null category folded in once per
+// oasis/ops/online_softmax.hpp (start, rescale, weight, finish: the null category folded in once per
 // row; rows with no visible key give its exact start-state results). A tile that holds no visible
 // key of a query is skipped for that query; the others get -inf at their masked lanes.
 // Logits are z = scale * <q, k> (+ bias, staged per tile in shared memory beside the keys: one
@@ -23,7 +23,7 @@
 
 #include "kernel_launch.hpp"
 #include "launch.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {

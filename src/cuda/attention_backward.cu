@@ -1,4 +1,4 @@
-// src/cuda/attention_backward.cu — the backward of token attention with a null category (SPEC §8),
+// src/cuda/attention_backward.cu — the backward of token attention with a null category (docs/spec.md §8),
 // float32, FlashAttention-2's algorithm in two passes without atomics.
 //
 // Input: the forward's out, p_null and final row state (M, S) (attention.cu writes them, with
@@ -28,7 +28,7 @@
 
 #include "kernel_launch.hpp"
 #include "launch_backward.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {

@@ -1,12 +1,12 @@
 // src/cuda/attention_dispatch.hpp — choosing and launching one of the attention kernels
 // (attention.cu fused, attention_split.cu split-K, attention_tc.cu tensor cores) for a validated
-// call (internal to oasis_cuda; oasis/cuda.hpp, KernelOptions and kernel_choice, is the public
+// call (internal to oasis_cuda; oasis/backends/cuda.hpp, KernelOptions and kernel_choice, is the public
 // face).
 #pragma once
 
 #include "launch.hpp"
-#include "oasis/attention.hpp"
-#include "oasis/cuda.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/backends/cuda.hpp"
 
 namespace oasis::cuda::detail {
 

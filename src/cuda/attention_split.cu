@@ -1,7 +1,7 @@
 // src/cuda/attention_split.cu — split-K attention (flash-decoding) for few query rows per kv head:
 // the keys of each row are split across blocks and warps, each computes a partial online-softmax
 // state, and a second kernel merges them with the null category added exactly once
-// (oasis/online_softmax.hpp, merge; launch.hpp, SplitLaunch).
+// (oasis/ops/online_softmax.hpp, merge; launch.hpp, SplitLaunch).
 //
 // Partial kernel: grid (splits * row_groups, H_kv, B), 4 warps per block. A row group is up to
 // kSplitRows = 4 query rows that read one kv head (query head g of the group and query t:
@@ -10,7 +10,7 @@
 // holds columns [l R, l R + R) (R = D / 32) of the chunk's 8 keys and values, forms its 4 x 8
 // partial dot products, and one reduce-scatter of the 32 values (31 shuffles) leaves at lane l
 // the score of row l / 8 with key l % 8 — the 8 lanes of a row then run the online softmax of
-// oasis/online_softmax.hpp on the chunk (a tile of 8 keys), and the outputs o[r][c] are accumulated
+// oasis/ops/online_softmax.hpp on the chunk (a tile of 8 keys), and the outputs o[r][c] are accumulated
 // per lane with the weights broadcast by shuffles. The warps then leave their states (M_p, S_p,
 // o_p) in shared memory and warp w merges the four states of row w in key order into the split's
 // partial, which it writes, empty states (M = -inf, S = 0, o = 0) included, so the workspace is
@@ -33,7 +33,7 @@
 #include "device_load.hpp"
 #include "kernel_launch.hpp"
 #include "launch.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {

@@ -10,7 +10,7 @@
 // to its last query in tiles of BK (64 for head tiles of 64, 32 for 128: static shared memory
 // stays under 48 KB) through shared memory in the input type. Per tile each warp
 //   1. S = Q K^T into accumulators, stored to its score rows in shared memory;
-//   2. runs the online softmax of oasis/online_softmax.hpp on its 16 rows (lane = row l % 16, half of
+//   2. runs the online softmax of oasis/ops/online_softmax.hpp on its 16 rows (lane = row l % 16, half of
 //      the tile l / 16): z = scale * S, masked keys -inf, M' = max(M, tile max),
 //      c = e^{M - M'}, p = e^{z - M'}, S = S c + sum p; writes P rounded to the input type and c;
 //   3. rescales its output accumulators row by row: a fragment's element layout is opaque, so
@@ -32,7 +32,7 @@
 #include "device_load.hpp"
 #include "kernel_launch.hpp"
 #include "launch.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis::cuda::detail {
 namespace {

@@ -1,5 +1,5 @@
 // src/cuda/backend_cuda.cpp — host side of the CUDA backend: availability, and the attention,
-// psi and pseudo-query entry points of oasis/backend.hpp (detail::cuda_*) and oasis/cuda.hpp,
+// psi and pseudo-query entry points of oasis/backends/backend.hpp (detail::cuda_*) and oasis/backends/cuda.hpp,
 // which copy tensors to device buffers and launch the kernels of attention.cu and depth.cu (the
 // routing entry points are in route.cpp, the sublayer in layer.cpp).
 #include <cuda_runtime_api.h>
@@ -9,8 +9,8 @@
 
 #include "attention_dispatch.hpp"
 #include "device_util.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/cuda.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cuda.hpp"
 
 namespace oasis {
 namespace cuda {
@@ -365,7 +365,7 @@ Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<flo
 
 }  // namespace cuda
 
-// --- the backend entry points of oasis/backend.hpp -----------------------------------------------
+// --- the backend entry points of oasis/backends/backend.hpp -----------------------------------------------
 
 namespace detail {
 

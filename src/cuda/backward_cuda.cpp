@@ -1,5 +1,5 @@
 // src/cuda/backward_cuda.cpp — host side of the CUDA attention backward: Backend::cuda's entry
-// point detail::cuda_token_attention_backward (oasis/backend.hpp). It validates as the reference
+// point detail::cuda_token_attention_backward (oasis/backends/backend.hpp). It validates as the reference
 // does, runs the fused forward (attention.cu, keeping each row's state M, S), then the backward
 // kernels of attention_backward.cu (rows, dkdv, dq), and finishes on the host what is a short
 // sum in the reference's order: each head's null-logit gradient (sum over b, t of the rows' ds)
@@ -9,7 +9,7 @@
 
 #include "device_util.hpp"
 #include "launch_backward.hpp"
-#include "oasis/backend.hpp"
+#include "oasis/backends/backend.hpp"
 
 namespace oasis::detail {
 

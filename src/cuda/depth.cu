@@ -1,4 +1,4 @@
-// src/cuda/depth.cu — depth routing of Attention Residuals (SPEC §3–4) and the layer's helpers.
+// src/cuda/depth.cu — depth routing of Attention Residuals (docs/spec.md §3–4) and the layer's helpers.
 //
 // Per token t over candidates i = 0..n-1 (oasis::depth_weights, the same operations in the same
 // order, in float32):

@@ -2,9 +2,9 @@
 // availability and argument checks shared by the host wrappers (internal to oasis_cuda).
 //
 // Names of the backend's functions, by layer:
-//   oasis::detail::cuda_<op>         Backend::cuda's entry point on host tensors (oasis/backend.hpp)
-//   oasis::cuda::<op>                a CUDA-only entry point on host tensors (oasis/cuda.hpp)
-//   oasis::cuda::<op>_device         a public entry point on device buffers (oasis/cuda.hpp)
+//   oasis::detail::cuda_<op>         Backend::cuda's entry point on host tensors (oasis/backends/backend.hpp)
+//   oasis::cuda::<op>                a CUDA-only entry point on host tensors (oasis/backends/cuda.hpp)
+//   oasis::cuda::<op>_device         a public entry point on device buffers (oasis/backends/cuda.hpp)
 //   oasis::cuda::detail::launch_<x>  launches kernels on validated raw pointers, asynchronously
 //                                    (one kernel each in launch.hpp; composites here)
 #pragma once
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "launch.hpp"
-#include "oasis/error.hpp"
-#include "oasis/normalizer.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::cuda::detail {
 
@@ -84,7 +84,7 @@ inline void require_int(index_t x, const char* arg, const char* what, index_t li
 
 }  // namespace oasis::cuda::detail
 
-#include "oasis/attention.hpp"
+#include "oasis/ops/attention.hpp"
 
 namespace oasis::cuda::detail {
 
@@ -120,7 +120,7 @@ DeviceAttentionOutputs run_forward(AttentionLaunch& a, const AttentionShape& s, 
 
 }  // namespace oasis::cuda::detail
 
-#include "oasis/depth.hpp"
+#include "oasis/ops/depth.hpp"
 
 namespace oasis::cuda::detail {
 

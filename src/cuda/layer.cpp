@@ -1,4 +1,4 @@
-// src/cuda/layer.cpp — one Full-AttnRes sublayer forward on the device (oasis/cuda.hpp), from the
+// src/cuda/layer.cpp — one Full-AttnRes sublayer forward on the device (oasis/backends/cuda.hpp), from the
 // model's own types (oasis::model::ModelConfig, AttentionWeights, MlpWeights):
 //
 //   g_old_i = w_l^T RMSNorm_key(v_i)                                  (pseudo-query logits)
@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "device_util.hpp"
-#include "oasis/cuda.hpp"
+#include "oasis/backends/cuda.hpp"
 #include "oasis/model/router.hpp"
 
 namespace oasis::cuda {

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "device_util.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/cuda.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cuda.hpp"
 
 namespace oasis::cuda::detail {
 
@@ -119,7 +119,7 @@ void pseudo_query_logits_device(const float* sources, index_t n, index_t N, inde
 
 }  // namespace oasis::cuda
 
-// --- Backend::cuda's entry point of oasis/backend.hpp --------------------------------------------
+// --- Backend::cuda's entry point of oasis/backends/backend.hpp --------------------------------------------
 
 namespace oasis::detail {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 
 namespace oasis::python {
 namespace {

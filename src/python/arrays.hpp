@@ -12,7 +12,7 @@
 #include <pybind11/pybind11.h>
 
 #include "oasis/io/dtype.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::python {
 

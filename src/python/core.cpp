@@ -1,6 +1,6 @@
 // src/python/core.cpp — the core functions of the oracle on NumPy arrays (oasis._core), in float32
 // or float64: each call converts its arrays exactly (arrays.hpp), runs the library's compiled
-// instance of the function for that scalar (oasis/instances.hpp) and copies the result back, so a
+// instance of the function for that scalar (oasis/core/instances.hpp) and copies the result back, so a
 // Python caller gets the C++ library's bits. Options arrive as a JSON object built by the Python
 // layer (oasis/__init__.py) and are read with the compare engine's typed accessors, which name the
 // key on a type error; the depth options are parsed by the engine's own parse_depth_options, so
@@ -41,7 +41,7 @@ py::object dispatch(py::handle first, const std::string& name, F&& f) {
   return f(double{});
 }
 
-// ---- normalisers (SPEC §1) -------------------------------------------------------------------------
+// ---- normalisers (docs/spec.md §1) -------------------------------------------------------------------------
 
 py::object normalize(py::handle z_in, py::handle s_in, const std::string& normalizer, const std::string& masked_row) {
   const RowNorm kind = parse_row_norm(normalizer);
@@ -71,7 +71,7 @@ py::object normalize(py::handle z_in, py::handle s_in, const std::string& normal
   });
 }
 
-// ---- token attention (SPEC §2, §8) --------------------------------------------------------------------
+// ---- token attention (docs/spec.md §2, §8) --------------------------------------------------------------------
 
 py::object token_attention(py::handle q_in, py::handle k_in, py::handle v_in, py::object bias_in, const std::string& json) {
   const io::json::Value v = options_of(json,
@@ -113,7 +113,7 @@ py::object token_attention(py::handle q_in, py::handle k_in, py::handle v_in, py
   });
 }
 
-// ---- psi and coupling (SPEC §3) --------------------------------------------------------------------------
+// ---- psi and coupling (docs/spec.md §3) --------------------------------------------------------------------------
 
 py::object null_statistic(py::handle p_null_in) {
   return dispatch(p_null_in, "p_null", [&](auto tag) -> py::object {
@@ -156,7 +156,7 @@ py::object couple_depth_logits(py::handle g_in, py::handle d_in, double beta, co
   });
 }
 
-// ---- depth routing (SPEC §3-4) --------------------------------------------------------------------------
+// ---- depth routing (docs/spec.md §3-4) --------------------------------------------------------------------------
 
 py::object attn_res_route(py::handle s_in, py::handle g_in, py::object psi_in, const std::string& json) {
   const io::json::Value v = options_of(json, verify::detail::kDepthOptionKeys, "attn_res_route");

@@ -9,7 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.hpp"
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 
 namespace py = pybind11;
 

@@ -2,8 +2,8 @@
 // (double, matrix products of oracle_kernels.hpp, OpenMP over blocks of rows) and the mp50 oracle.
 //
 // A row is one (b, h, t): its out[b, h, t, :], lse, p_null and probs[b, h, t, :]. For each row the
-// oracle returns the reference and the u-free pieces of every bound (oasis/error_bounds.hpp with
-// u = 1 and no floor; oasis/prob_bounds.hpp), which AttnRow::bounds() assembles for a precision:
+// oracle returns the reference and the u-free pieces of every bound (oasis/ops/error_bounds.hpp with
+// u = 1 and no floor; oasis/ops/prob_bounds.hpp), which AttnRow::bounds() assembles for a precision:
 //   probs_j   worst case u b1.p_j + floor,                 probabilistic 1.02 lambda u R(p_j) + floor
 //   out_c     1.02 (u (G1_c + m V1_c) + floor absv_c) + underflow_floor(m),
 //             probabilistic 1.02 lambda u R_c + floor absv_c + underflow_floor(m)
@@ -14,10 +14,10 @@
 
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/error_bounds.hpp"
-#include "oasis/multiprecision.hpp"
-#include "oasis/prob_bounds.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/error_bounds.hpp"
+#include "oasis/core/multiprecision.hpp"
+#include "oasis/ops/prob_bounds.hpp"
 
 namespace oasis::verify::detail {
 

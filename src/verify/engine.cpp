@@ -5,7 +5,7 @@
 #include <set>
 
 #include "engine.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
 

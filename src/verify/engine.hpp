@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
-#include "oasis/multiprecision.hpp"
-#include "oasis/normalizer.hpp"
-#include "oasis/attention.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/core/multiprecision.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis/verify/policy.hpp"
 #include "tensor_check.hpp"

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/model/router.hpp"
 
 namespace oasis::verify::detail {

@@ -1,4 +1,4 @@
-// src/verify/op_attention.cpp — op "attention": multi-head token attention (SPEC §2, §8), checked
+// src/verify/op_attention.cpp — op "attention": multi-head token attention (docs/spec.md §2, §8), checked
 // row by row (one row: the outputs of one (b, h, t)) with the oracles of attention_oracle.hpp.
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 // src/verify/op_attention_backward.cpp — op "attention_backward": the gradients of token attention
-// (SPEC §8) from the incoming gradients of its outputs.
+// (docs/spec.md §8) from the incoming gradients of its outputs.
 #include <algorithm>
 #include <cmath>
 #include <limits>

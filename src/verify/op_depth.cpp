@@ -1,14 +1,14 @@
 // src/verify/op_depth.cpp — ops "coupling" (g = g_old - beta Dpsi) and "depth" (the coupled depth
-// router h = sum_i alpha_i s_i) (SPEC §3–4), checked token by token: the fast oracle routes each
+// router h = sum_i alpha_i s_i) (docs/spec.md §3–4), checked token by token: the fast oracle routes each
 // token in double (the reference's own arithmetic, its worst-case bound at u = 2^-53 folded into
 // each decision), the mp50 oracle routes a one-token problem in mp50.
 #include <cmath>
 #include <map>
 
 #include "engine.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
-#include "oasis/prob_bounds.hpp"
+#include "oasis/ops/prob_bounds.hpp"
 
 namespace oasis::verify::detail {
 
@@ -56,7 +56,7 @@ namespace {
 using bounds::Precision;
 
 /// One token of a depth-routing call: the reference and the u-free pieces of its bounds
-/// (oasis/error_bounds.hpp depth_token_bound and oasis/prob_bounds.hpp at u = 1), assembled per
+/// (oasis/ops/error_bounds.hpp depth_token_bound and oasis/ops/prob_bounds.hpp at u = 1), assembled per
 /// precision as in attention_oracle.hpp.
 struct TokenRow {
   index_t t = 0;

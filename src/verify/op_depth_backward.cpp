@@ -1,5 +1,5 @@
 // src/verify/op_depth_backward.cpp — op "depth_backward": the gradients of the coupled depth router
-// h = sum_i alpha_i s_i (SPEC §3–4, §8) from the incoming gradients of h (and of the weights).
+// h = sum_i alpha_i s_i (docs/spec.md §3–4, §8) from the incoming gradients of h (and of the weights).
 #include <cmath>
 #include <map>
 

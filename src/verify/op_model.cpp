@@ -2,7 +2,7 @@
 //
 // The weights and the configuration come from a file written by oasis::model::save_model (or by
 // hand, oasis/model/io.hpp). A PASS means that every trace tensor is what the configured model
-// computes from the tensors the trace holds (SPEC §8): each tensor is checked against its
+// computes from the tensors the trace holds (docs/spec.md §8): each tensor is checked against its
 // producer (model_checker.hpp) — a step on the implementation's own inputs, or a link (a router
 // candidate is the wired sublayer output or block sum, a sublayer reads the wired router output,
 // the candidates carry the wired psi, the state is the configured readout) — under

@@ -8,7 +8,7 @@
 
 #include "oasis/io/dtype.hpp"
 #include "oasis/model/model.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis/verify/report.hpp"
 
 namespace oasis::verify::detail {

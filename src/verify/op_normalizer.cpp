@@ -1,10 +1,10 @@
-// src/verify/op_normalizer.cpp — op "normalizer": rows of logits through softmax or Softmax1 (SPEC §1).
+// src/verify/op_normalizer.cpp — op "normalizer": rows of logits through softmax or Softmax1 (docs/spec.md §1).
 #include <cmath>
 #include <map>
 
 #include "engine.hpp"
-#include "oasis/prob_bounds.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/prob_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {
@@ -60,8 +60,8 @@ CompareReport run(const OpCall& c) {
     slot.push_back(rep.tensors.size());
     rep.tensors.emplace_back();
   }
-  // Row by row in mp50; the bounds of the row (oasis/error_bounds.hpp row_bound, worst case;
-  // oasis/prob_bounds.hpp prob_row, probabilistic) with exact logits (no error of their own).
+  // Row by row in mp50; the bounds of the row (oasis/ops/error_bounds.hpp row_bound, worst case;
+  // oasis/ops/prob_bounds.hpp prob_row, probabilistic) with exact logits (no error of their own).
   const std::vector<index_t> rows = sample_rows(R, copt.sample, copt.seed);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Vec<mp50> zr(m);

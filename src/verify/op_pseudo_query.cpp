@@ -1,9 +1,9 @@
-// src/verify/op_pseudo_query.cpp — op "pseudo_query": Kimi depth logits g_i = w^T RMSNorm(s_i) (SPEC §4).
+// src/verify/op_pseudo_query.cpp — op "pseudo_query": Kimi depth logits g_i = w^T RMSNorm(s_i) (docs/spec.md §4).
 #include <cmath>
 #include <map>
 
 #include "engine.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {

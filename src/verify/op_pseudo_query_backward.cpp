@@ -1,5 +1,5 @@
 // src/verify/op_pseudo_query_backward.cpp — op "pseudo_query_backward": the gradients of the Kimi
-// depth logits g_i = w^T RMSNorm(s_i) (SPEC §4, §8) from the incoming gradient of g.
+// depth logits g_i = w^T RMSNorm(s_i) (docs/spec.md §4, §8) from the incoming gradient of g.
 #include <cmath>
 #include <map>
 

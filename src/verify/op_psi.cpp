@@ -1,9 +1,9 @@
-// src/verify/op_psi.cpp — op "psi": the null statistic psi = mean over heads of p_null (SPEC §3).
+// src/verify/op_psi.cpp — op "psi": the null statistic psi = mean over heads of p_null (docs/spec.md §3).
 #include <cmath>
 #include <map>
 
 #include "engine.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {

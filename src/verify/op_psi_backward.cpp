@@ -1,5 +1,5 @@
 // src/verify/op_psi_backward.cpp — op "psi_backward": the gradient of the null statistic psi
-// (SPEC §3, §8) with respect to p_null (or, for the authors' estimator, the probabilities).
+// (docs/spec.md §3, §8) with respect to p_null (or, for the authors' estimator, the probabilities).
 #include <cmath>
 #include <map>
 

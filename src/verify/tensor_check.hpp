@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "oasis/io/dtype.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis/verify/report.hpp"
 
 namespace oasis::verify::detail {

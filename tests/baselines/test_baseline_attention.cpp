@@ -9,10 +9,10 @@
 #include <limits>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/baselines.hpp"
-#include "oasis/instances.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/research/baselines.hpp"
+#include "oasis/core/instances.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis_mp.hpp"
 #include "oasis_test.hpp"
 
@@ -52,7 +52,7 @@ const RowNorm kAll[] = {RowNorm::softmax, RowNorm::softmax1, RowNorm::clipped_so
 // S1: learnable sink logit.
 
 TEST(BaselineAttention, SinkLogitS1OptionsAreSoftmaxWithPerHeadNullLogit) {
-  // Identities of SPEC §1, exact in exact arithmetic, checked in mp50 (1e-40: ~1e-49 roundings
+  // Identities of docs/spec.md §1, exact in exact arithmetic, checked in mp50 (1e-40: ~1e-49 roundings
   // on O(1) values, failing any real mistake by tens of orders of magnitude).
   auto rng = make_rng(801);
   const auto q = randn<R>({1, 2, 3, 4}, rng), k = randn<R>({1, 2, 3, 4}, rng), v = randn<R>({1, 2, 3, 4}, rng);

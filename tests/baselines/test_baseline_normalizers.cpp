@@ -1,4 +1,4 @@
-// Baseline token normalisers (SPEC §4; docs/baselines.md): clipped softmax (over softmax and
+// Baseline token normalisers (docs/spec.md §4; docs/baselines.md): clipped softmax (over softmax and
 // over Softmax1), sparsemax, entmax-1.5, and the S1 sink logit. Each is checked against its
 // *definition* evaluated in oasis::mp50 — softmax directly from the quotient, the sparse maps by
 // bisection on their threshold equation (an algorithm independent of the sort-based one) — in
@@ -16,8 +16,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "oasis/multiprecision.hpp"
-#include "oasis/normalizer.hpp"
+#include "oasis/core/multiprecision.hpp"
+#include "oasis/ops/normalizer.hpp"
 #include "oasis_mp.hpp"
 
 using namespace oasis;

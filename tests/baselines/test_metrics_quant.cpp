@@ -1,4 +1,4 @@
-// Outlier/sink metrics (SPEC §6) on hand-computed cases, and the fake quantisers' properties
+// Outlier/sink metrics (docs/spec.md §6) on hand-computed cases, and the fake quantisers' properties
 // (docs/baselines.md: tolerances derived there).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/metrics.hpp"
-#include "oasis/quant.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/research/metrics.hpp"
+#include "oasis/ops/quantize.hpp"
+#include "oasis/research/quant_presets.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;

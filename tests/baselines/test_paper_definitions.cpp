@@ -15,11 +15,12 @@
 #include <random>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/baselines.hpp"
-#include "oasis/metrics.hpp"
-#include "oasis/normalizer.hpp"
-#include "oasis/quant.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/research/baselines.hpp"
+#include "oasis/research/metrics.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/ops/quantize.hpp"
+#include "oasis/research/quant_presets.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;

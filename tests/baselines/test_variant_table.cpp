@@ -55,7 +55,7 @@ TEST(BaselineVariantTable, RowsAreSane) {
     EXPECT_LT(r.quant_rel[1], r.quant_rel[2]) << r.name;
     EXPECT_LT(r.quant_max[0], r.quant_max[2]) << r.name;
   }
-  // OASIS with beta = 0 is AoS exactly (SPEC §3): every column equal bit for bit.
+  // OASIS with beta = 0 is AoS exactly (docs/spec.md §3): every column equal bit for bit.
   {
     const VariantRow &o = by.at("oasis_beta0"), &a = by.at("aos");
     EXPECT_EQ(o.outliers.avg_kurtosis, a.outliers.avg_kurtosis);

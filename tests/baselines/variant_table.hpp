@@ -1,5 +1,5 @@
 // The variant table: for a small AttnRes model with identical weights under each
-// variant of the SPEC §4 table (plus OASIS at beta = 0, the token-normaliser baselines, gated
+// variant of the docs/spec.md §4 table (plus OASIS at beta = 0, the token-normaliser baselines, gated
 // attention and the S2 prefix sink), the outlier and sink metrics of its trace, the Definition
 // 5.1/5.2 pathology scores, and the end-to-end output error of a fake-quantised forward.
 //
@@ -39,10 +39,11 @@
 #include <string>
 #include <vector>
 
-#include "oasis/metrics.hpp"
+#include "oasis/research/metrics.hpp"
 #include "oasis/model/model.hpp"
-#include "oasis/pathology.hpp"
-#include "oasis/quant.hpp"
+#include "oasis/research/pathology.hpp"
+#include "oasis/ops/quantize.hpp"
+#include "oasis/research/quant_presets.hpp"
 
 namespace oasis::baselines_table {
 

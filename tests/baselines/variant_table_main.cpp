@@ -1,5 +1,5 @@
 // oasis-variant-table: prints, for a small model with identical weights under each variant
-// (SPEC §4 table, OASIS at beta = 0, the token-normaliser baselines, gated attention, the S2
+// (docs/spec.md §4 table, OASIS at beta = 0, the token-normaliser baselines, gated attention, the S2
 // prefix sink), the outlier and sink metrics of its trace, the Definition 5.1/5.2 pathology
 // scores and the end-to-end logits error of a W8A8 / W6A6 / W4A4 fake-quantised forward
 // (weights and activations; tests/baselines/variant_table.hpp).

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "oasis/scalar.hpp"
+#include "oasis/core/scalar.hpp"
 
 namespace oasis::test {
 

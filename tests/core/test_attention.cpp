@@ -1,11 +1,11 @@
-// Token attention (SPEC §2): float/double/long double within the derived bound of the mp50
+// Token attention (docs/spec.md §2): float/double/long double within the derived bound of the mp50
 // reference over random shapes, masks, GQA; structural identities; bad input.
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <string>
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
 
@@ -242,7 +242,7 @@ TEST(Attention, RequireFiniteNamesTheFirstNonFiniteElement) {
   expect_first_non_finite_named<double>();
 }
 
-// SPEC §8: a sliding window, an additive bias and the [B, T, H, d] layout.
+// docs/spec.md §8: a sliding window, an additive bias and the [B, T, H, d] layout.
 TEST(Attention, WindowEqualsBiasMaskingOutsideTheWindow) {
   auto rng = oasis::test::make_rng(81);
   const index_t B = 2, H = 4, Hkv = 2, Tq = 6, Tk = 9, d = 8;

@@ -1,10 +1,10 @@
-// psi, centring conventions, coupling and depth routing (SPEC §3): the teaching example, the
+// psi, centring conventions, coupling and depth routing (docs/spec.md §3): the teaching example, the
 // identities as properties in high precision, float/double within the derived bound, bad input.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include "core_gen.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_mp.hpp"
 #include "oasis_test.hpp"
@@ -44,7 +44,7 @@ DepthCase gen_depth_case(int max_n) {
 }  // namespace
 
 TEST(Coupling, TeachingExampleThroughThePublicApi) {
-  // SPEC §3: psi = (0.8, 0.2), old logits 0, beta = 1, depth Softmax1, paper_v2.
+  // docs/spec.md §3: psi = (0.8, 0.2), old logits 0, beta = 1, depth Softmax1, paper_v2.
   const std::vector<SourceKind> kinds{K::initial, K::attention, K::attention};
   Vec<double> g = Vec<double>::Zero(3), psi(3);
   psi << 0.0, 0.8, 0.2;

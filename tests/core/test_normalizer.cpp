@@ -1,10 +1,10 @@
-// Row normalisers (SPEC §1): identities as properties in high precision, float/double/long double
+// Row normalisers (docs/spec.md §1): identities as properties in high precision, float/double/long double
 // within the derived bound of docs/tolerances.md, fully masked rows, bad input.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include "core_gen.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_mp.hpp"
 #include "oasis_test.hpp"

@@ -1,4 +1,4 @@
-// oasis/online_softmax.hpp: the key range of a row against SPEC §8's definition, checked key by key,
+// oasis/ops/online_softmax.hpp: the key range of a row against docs/spec.md §8's definition, checked key by key,
 // and the exact values of the online state machine where they are exact (empty rows, rescaling
 // from the empty state, masked keys). The kernels that run these functions are checked against
 // the oracle in tests/cpu_fast and tests/cuda.
@@ -7,13 +7,13 @@
 #include <cmath>
 #include <limits>
 
-#include "oasis/attention.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/online_softmax.hpp"
 
 namespace oasis {
 namespace {
 
-// SPEC §2 and §8, one key at a time: j < len; j <= t' if causal or windowed; j > t' - W if windowed.
+// docs/spec.md §2 and §8, one key at a time: j < len; j <= t' if causal or windowed; j > t' - W if windowed.
 bool visible_by_definition(index_t j, index_t len, bool causal, index_t W, index_t t, index_t Tq, index_t Tk) {
   const index_t tp = t + (Tk - Tq);
   if (j >= len) return false;

@@ -19,8 +19,8 @@
 #include <string>
 #include <tuple>
 
-#include "oasis/backend.hpp"
-#include "oasis/cpu_fast.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cpu_fast.hpp"
 #include "oasis/grad/instances.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis_test.hpp"
@@ -121,7 +121,7 @@ std::vector<Case> cases() {
       {"softmax1_extreme_logits", 1, 2, 1, 40, 200, 16, 16, RowNorm::softmax1, true, {}, true, 50, 50, true, {}},
       {"softmax_extreme_logits", 1, 2, 2, 40, 200, 16, 16, RowNorm::softmax, false, {170}, false, 50, 50, false, {}},
       {"softmax1_explicit_scale", 1, 1, 1, 65, 129, 32, 16, RowNorm::softmax1, true, {}, false, 1, 1, true, 0.7},
-      // sliding windows (SPEC §8): one key, in [B, T, H, d] with GQA; a band of 70 keys over 300
+      // sliding windows (docs/spec.md §8): one key, in [B, T, H, d] with GQA; a band of 70 keys over 300
       // (key tiles outside the band of a query block are skipped), d_v not a whole vector; padding
       // with Tq != Tk (rows of batch 1 past its padding fully masked); wider than every row (= causal)
       with({"window1_bthd_gqa", 1, 4, 2, 70, 70, 16, 16, RowNorm::softmax1, false, {}, true, 1, 1, true, {}}, 1, 0,

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/backend.hpp"
-#include "oasis/error_bounds.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/ops/error_bounds.hpp"
+#include "oasis/core/tensor.hpp"
 #include "oasis_random.hpp"
 
 namespace oasis {
@@ -126,7 +126,7 @@ inline std::vector<AttentionCase> attention_cases() {
       {"odd_head_sizes", 2, 3, 3, 19, 37, 24, 40, RowNorm::softmax1, false, {37, 5}, true},
       {"mixed_head_sizes", 1, 2, 2, 9, 50, 128, 64, RowNorm::softmax1, false, {}, false},
       {"padding_softmax", 2, 2, 1, 12, 45, 64, 64, RowNorm::softmax, false, {5, 0}, false},
-      // sliding windows (SPEC §8): one key; the band across key tiles (tiles outside it skipped)
+      // sliding windows (docs/spec.md §8): one key; the band across key tiles (tiles outside it skipped)
       // with padding and Tq != Tk, so some rows are fully masked; wider than every row (= causal)
       with({"window1_gqa_bthd", 1, 4, 2, 20, 20, 64, 64, RowNorm::softmax1, false, {}, true}, 1, BK::none, L::bthd),
       with({"window_padded_tq_ne_tk", 2, 2, 1, 21, 90, 64, 32, RowNorm::softmax, false, {90, 60}, false}, 20,

@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
-#include "oasis/backend.hpp"
-#include "oasis/cuda.hpp"
-#include "oasis/instances.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cuda.hpp"
+#include "oasis/core/instances.hpp"
 #include "oasis_test.hpp"
 #include "parity_rule.hpp"
 

@@ -1,7 +1,7 @@
 // CUDA backend, host-only tests: they run without a GPU. They check the availability
 // report, argument validation (which runs before any device work, so every error names its
 // argument on any machine), and the fused kernel's tiling with its per-row state machine
-// (oasis/online_softmax.hpp, the code the kernel runs) through a host simulation against the long
+// (oasis/ops/online_softmax.hpp, the code the kernel runs) through a host simulation against the long
 // double oracle. (The host's 16-bit conversions are the library's, tested in
 // tests/verify/test_tensor16.cpp.)
 #include <gtest/gtest.h>
@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "oasis/backend.hpp"
-#include "oasis/cuda.hpp"
-#include "oasis/error_bounds.hpp"
-#include "oasis/instances.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/backends/cuda.hpp"
+#include "oasis/ops/error_bounds.hpp"
+#include "oasis/core/instances.hpp"
 #include "oasis_test.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 #include "parity_rule.hpp"
 
 namespace oasis::test {

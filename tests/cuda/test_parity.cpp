@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
-#include "oasis/backend.hpp"
-#include "oasis/error_bounds.hpp"
-#include "oasis/instances.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/backends/backend.hpp"
+#include "oasis/ops/error_bounds.hpp"
+#include "oasis/core/instances.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis_test.hpp"
 #include "parity_rule.hpp"
 #include "replay.hpp"
@@ -24,8 +24,8 @@
 #if defined(OASIS_HAVE_CUDA)
 #include "attention_dispatch.hpp"
 #include "device_util.hpp"
-#include "oasis/cuda.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/backends/cuda.hpp"
+#include "oasis/ops/online_softmax.hpp"
 namespace oasis::io {
 inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
 }  // namespace oasis::io

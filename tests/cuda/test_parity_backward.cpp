@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
-#include "oasis/backend.hpp"
+#include "oasis/backends/backend.hpp"
 #include "oasis/grad/backward_bounds.hpp"
 #include "oasis/grad/instances.hpp"
-#include "oasis/instances.hpp"
+#include "oasis/core/instances.hpp"
 #include "parity_rule.hpp"
 #include "random_attention_case.hpp"
 

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/io/tensor16.hpp"
 #include "oasis_test.hpp"
-#include "oasis/online_softmax.hpp"
+#include "oasis/ops/online_softmax.hpp"
 #include "parity_rule.hpp"
 #if defined(OASIS_CUDA_EMU)
-#include "oasis/cuda.hpp"
+#include "oasis/backends/cuda.hpp"
 #endif
 
 namespace oasis::test {

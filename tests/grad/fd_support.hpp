@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "oasis/multiprecision.hpp"
-#include "oasis/scalar.hpp"
+#include "oasis/core/multiprecision.hpp"
+#include "oasis/core/scalar.hpp"
 
 namespace oasis::test::fd {
 

@@ -1,4 +1,4 @@
-// Token attention backward (SPEC §8): the mp50 gradients against mp50 central finite differences
+// Token attention backward (docs/spec.md §8): the mp50 gradients against mp50 central finite differences
 // with a derived tolerance; the stated identities; float/double within the derived backward bound;
 // a FlashAttention-2-style blockwise backward (correct zoo) and its mutants (wrong zoo) through the
 // finite-difference check and through `oasis-verify compare` (op attention_backward).

@@ -1,4 +1,4 @@
-// Depth routing backward (SPEC §3–4, §8): psi, coupling (both centrings, both head-less rules,
+// Depth routing backward (docs/spec.md §3–4, §8): psi, coupling (both centrings, both head-less rules,
 // clamps, beta via theta), the depth normaliser and the mix; the Kimi pseudo-query logits; the
 // routers (Kimi and the authors') with their sources' total gradient. mp50 gradients against
 // mp50 central finite differences with a derived tolerance; identities and kink conventions;
@@ -926,7 +926,7 @@ const char* name_of(Mutant m) {
   return "?";
 }
 
-/// An independent depth-routing backward (straight from SPEC §8), with one injected mistake.
+/// An independent depth-routing backward (straight from docs/spec.md §8), with one injected mistake.
 template <class T>
 DepthGrads<T> zoo_depth_backward(const DepthInstance& I, Mutant mu) {
   using std::exp;

@@ -30,7 +30,7 @@
 #include "oasis/grad/layers_backward.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/model/model.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis_test.hpp"
 
 using namespace oasis;

@@ -1,4 +1,4 @@
-// Model backward (SPEC §8): the whole AttnRes model to every parameter and to the embeddings.
+// Model backward (docs/spec.md §8): the whole AttnRes model to every parameter and to the embeddings.
 // The recorded forward is Model::forward bit for bit; mp50 gradients against mp50 central
 // finite differences of L = sum(logits * R) on tiny models of every router family, readout,
 // variant, psi estimator and uneven blocks; norms evaluated in float32 run their backward in

@@ -15,10 +15,11 @@
 #include <string>
 
 #include "model_test_util.hpp"
-#include "oasis/baselines.hpp"
+#include "oasis/research/baselines.hpp"
 #include "oasis/model/decode.hpp"
 #include "oasis/model/io.hpp"
-#include "oasis/quant.hpp"
+#include "oasis/ops/quantize.hpp"
+#include "oasis/research/quant_presets.hpp"
 
 namespace om = oasis::model;
 using oasis::index_t;

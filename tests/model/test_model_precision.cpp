@@ -19,7 +19,7 @@
 
 #include "model_test_util.hpp"
 #include "oasis/model/precision.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 
 namespace om = oasis::model;
 using oasis::index_t;

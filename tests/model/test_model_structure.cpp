@@ -1,4 +1,4 @@
-// Model family: structure of the AttnRes transformer oracle (SPEC §2–4).
+// Model family: structure of the AttnRes transformer oracle (docs/spec.md §2–4).
 // Source sets of Full/Block AttnRes, N = L blocks equals Full, zero pseudo-queries give uniform
 // depth weights, beta = 0 equals AoS, each variant selects its normalisers (through the trace),
 // psi of every attention sublayer feeds every later router, head-less rules, the authors'
@@ -40,7 +40,7 @@ const std::vector<om::RouterFamily> kRouters = {om::RouterFamily::kimi_full, om:
 
 }  // namespace
 
-// SPEC §4: 8 sublayers, S = 2 -> source-set sizes 1,2,2,3,3,4,4,5 (and 5 for the final readout).
+// docs/spec.md §4: 8 sublayers, S = 2 -> source-set sizes 1,2,2,3,3,4,4,5 (and 5 for the final readout).
 TEST(ModelStructure, BlockAttnResSourceSetSizes) {
   om::ModelConfig c = tiny(Variant::aos, om::RouterFamily::kimi_block, 4);
   c.block_size = 2;
@@ -94,7 +94,7 @@ TEST(ModelStructure, BlockSourcesAreSumsOfSublayerOutputs) {
     }
 }
 
-// SPEC §4: N = L blocks (S = 1) recovers Full AttnRes, bit for bit.
+// docs/spec.md §4: N = L blocks (S = 1) recovers Full AttnRes, bit for bit.
 TEST(ModelStructure, BlockSizeOneEqualsFull) {
   for (Variant v : {Variant::vanilla_attnres, Variant::aos, Variant::oasis}) {
     const om::ModelConfig full = tiny(v, om::RouterFamily::kimi_full, 3);
@@ -130,7 +130,7 @@ TEST(ModelStructure, ZeroPseudoQueriesGiveUniformDepthWeights) {
     }
 }
 
-// SPEC §3, §5.7: beta = 0 reproduces AoS exactly (every router family).
+// docs/spec.md §3, §5.7: beta = 0 reproduces AoS exactly (every router family).
 TEST(ModelStructure, BetaZeroEqualsAoS) {
   for (om::RouterFamily r : kRouters) {
     om::ModelConfig oc = tiny(Variant::oasis, r, 3);
@@ -152,7 +152,7 @@ TEST(ModelStructure, BetaZeroEqualsAoS) {
   }
 }
 
-// SPEC §4 table, checked through the trace over whole models: token normaliser (p_null = 0 for
+// docs/spec.md §4 table, checked through the trace over whole models: token normaliser (p_null = 0 for
 // softmax, = exp(-LSE1) > 0 for Softmax1), depth normaliser (alpha_null = 0 and sum alpha = 1 for
 // softmax; sum alpha + alpha_null = 1 with alpha_null > 0 for Softmax1), coupling
 // (g = g_old - beta * Dpsi with beta = softplus(theta) > 0, or g = g_old and Dpsi = 0).

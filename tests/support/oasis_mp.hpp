@@ -4,7 +4,7 @@
 // 1e-30 or more.
 #pragma once
 
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 
 namespace oasis::test {
 

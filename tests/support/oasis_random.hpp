@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <random>
 
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::test {
 

@@ -15,8 +15,8 @@
 #include <sstream>
 #include <string>
 
-#include "oasis/error.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/core/tensor.hpp"
 #include "oasis_random.hpp"
 
 namespace oasis::test {

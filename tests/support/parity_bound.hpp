@@ -4,9 +4,9 @@
 // GoogleTest here).
 #pragma once
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/grad/backward_bounds.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::fast_parity {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
+#include "oasis/ops/attention.hpp"
 #include "oasis/io/json.hpp"
 #include "oasis/io/npy.hpp"
 

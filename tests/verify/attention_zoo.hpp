@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
+#include "oasis/ops/attention.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis_random.hpp"
 

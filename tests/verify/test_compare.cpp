@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "oasis/verify/compare.hpp"
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
 #include "oasis/model/io.hpp"

@@ -10,7 +10,7 @@
 
 #include "attention_zoo.hpp"
 #include "oasis/oasis.hpp"
-#include "oasis/prob_bounds.hpp"
+#include "oasis/ops/prob_bounds.hpp"
 #include "oasis/verify/compare.hpp"
 
 namespace io = oasis::io;

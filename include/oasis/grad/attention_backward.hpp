@@ -1,4 +1,4 @@
-// oasis/grad/attention_backward.hpp — the backward of token attention (SPEC §8).
+// oasis/grad/attention_backward.hpp — the backward of token attention (docs/spec.md §8).
 //
 // Per (batch b, query head h, query t), with the forward's scores z_{t,j} (scale and bias included),
 // probabilities p_{t,j}, null probability p_null,t, output O_t and the incoming gradients dO_t of
@@ -25,7 +25,7 @@
 
 #include <vector>
 
-#include "oasis/attention.hpp"
+#include "oasis/ops/attention.hpp"
 #include "oasis/grad/normalizer_backward.hpp"
 
 namespace oasis {

@@ -1,6 +1,6 @@
 // oasis/grad/backward_bounds.hpp — derived per-element error bounds of the backward reference in T.
 //
-// As oasis/error_bounds.hpp for the forward: for the backward computed in scalar T (unit roundoff
+// As oasis/ops/error_bounds.hpp for the forward: for the backward computed in scalar T (unit roundoff
 // u) on inputs and incoming gradients exact in T, a bound on |computed - exact| per element, where
 // "exact" is the high-precision backward on the same inputs. First order, standard model
 // fl(a op b) = (a op b)(1 + d), |d| <= u; a dot product or recursive sum of n products has absolute
@@ -20,7 +20,7 @@
 #include <cmath>
 #include <vector>
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 #include "oasis/grad/attention_backward.hpp"
 #include "oasis/grad/depth_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"

@@ -1,4 +1,4 @@
-// oasis/grad/coupling_backward.hpp — the backward of psi and of the coupling (SPEC §3, §8).
+// oasis/grad/coupling_backward.hpp — the backward of psi and of the coupling (docs/spec.md §3, §8).
 //
 //   psi = (1/H) sum_h p_null_h                      dp_null_h = dpsi / H
 //   psi = mean_h max(0, 1 - sum_j p_j)  (authors)   dp_j = -dpsi / H where 1 - sum_j p_j >= 0, else 0
@@ -16,7 +16,7 @@
 
 #include <vector>
 
-#include "oasis/coupling.hpp"
+#include "oasis/ops/coupling.hpp"
 
 namespace oasis {
 

@@ -1,4 +1,4 @@
-// oasis/grad/depth_backward.hpp — the backward of depth routing (SPEC §3–4, §8).
+// oasis/grad/depth_backward.hpp — the backward of depth routing (docs/spec.md §3–4, §8).
 //
 // Per token, over candidates i = 0..n-1 (forward: depth.hpp):
 //   x_i = g_old_i - beta Dpsi_i,  g_i = clamp(x_i, -L, L),  alpha = Softmax1(g) (null logit 0) or softmax(g),
@@ -15,7 +15,7 @@
 
 #include <vector>
 
-#include "oasis/depth.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/grad/coupling_backward.hpp"
 #include "oasis/grad/normalizer_backward.hpp"
 

@@ -1,4 +1,4 @@
-// oasis/grad/grad.hpp — the backward oracle in one include (SPEC §8).
+// oasis/grad/grad.hpp — the backward oracle in one include (docs/spec.md §8).
 //
 //   normalizer_backward.hpp   dz, ds of one softmax / Softmax1 row (the null as a category)
 //   attention_backward.hpp    token attention: dq, dk, dv (GQA sums), null logits, bias, scores

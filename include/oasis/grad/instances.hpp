@@ -1,6 +1,6 @@
 // oasis/grad/instances.hpp — explicit instantiations of the backward oracle for the supported scalars.
 //
-// As oasis/instances.hpp for the forward: src/core/instantiate_grad_*.cpp instantiate the
+// As oasis/core/instances.hpp for the forward: src/core/instantiate_grad_*.cpp instantiate the
 // backward once per scalar (the multiprecision ones in their own translation units), and code
 // that links oasis::oasis sees the `extern template` declarations below.
 #pragma once
@@ -11,7 +11,7 @@
 #include "oasis/grad/normalizer_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"
 #include "oasis/grad/router_backward.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 
 #define OASIS_GRAD_INSTANCES(EXT, T)                                                                 \
   EXT template T oasis::normalize_row_backward<T>(::oasis::RowNorm, const T*, const T&, ::oasis::index_t, \

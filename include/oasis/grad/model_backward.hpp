@@ -1,4 +1,4 @@
-// oasis/grad/model_backward.hpp — the backward of the whole AttnRes model (SPEC §2–4, §8).
+// oasis/grad/model_backward.hpp — the backward of the whole AttnRes model (docs/spec.md §2–4, §8).
 //
 // model_backward(m, ids, B, T, dlogits[, dstate, options]) returns the gradient of a loss L with
 // dL/dlogits = dlogits (and dL/dstate = dstate for the readout state, optional) with respect to

@@ -1,4 +1,4 @@
-// oasis/grad/normalizer_backward.hpp — the backward of the row normaliser (SPEC §1, §8).
+// oasis/grad/normalizer_backward.hpp — the backward of the row normaliser (docs/spec.md §1, §8).
 //
 // For softmax with a null category of logit s (Softmax1: s = 0) the null is one more category,
 // with value vector 0, whose probability is an output too. With incoming gradients dp_j of the
@@ -16,7 +16,7 @@
 // both call this one function.
 #pragma once
 
-#include "oasis/normalizer.hpp"
+#include "oasis/ops/normalizer.hpp"
 
 namespace oasis {
 

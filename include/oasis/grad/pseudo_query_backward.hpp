@@ -1,4 +1,4 @@
-// oasis/grad/pseudo_query_backward.hpp — the backward of the Kimi pseudo-query logits (SPEC §4, §8).
+// oasis/grad/pseudo_query_backward.hpp — the backward of the Kimi pseudo-query logits (docs/spec.md §4, §8).
 //
 // g_i = w^T y_i,  y_i = RMSNorm(s_i) = xhat * gain,  xhat = s_i * inv,  inv = 1 / sqrt(mean(s_i^2) + eps).
 // With dL/dg_i (one number per candidate and token):
@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "oasis/depth.hpp"
+#include "oasis/ops/depth.hpp"
 
 namespace oasis {
 

@@ -1,4 +1,4 @@
-// oasis/grad/router_backward.hpp — the backward of the depth routers of the AttnRes model (SPEC §4, §8).
+// oasis/grad/router_backward.hpp — the backward of the depth routers of the AttnRes model (docs/spec.md §4, §8).
 //
 // A router computes old depth logits from its sources, then routes (oasis/model/router.hpp):
 //   Kimi:      g_old = pseudo_query_logits(sources, w, gain)              (grad/pseudo_query_backward.hpp)

@@ -25,9 +25,9 @@
 #include <string>
 #include <string_view>
 
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 #include "oasis/io/dtype_enum.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::io {
 
@@ -281,7 +281,7 @@ inline void store_le(double x, DType d, std::string& out) {
   for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xFFu));
 }
 
-using oasis::checked_numel;  // oasis/tensor.hpp
+using oasis::checked_numel;  // oasis/core/tensor.hpp
 
 /// The whole file as bytes; format_error when it cannot be read. Regular files only (after
 /// following symbolic links): a directory, FIFO, socket or device is refused by name before it is

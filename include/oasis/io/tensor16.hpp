@@ -1,6 +1,6 @@
 // oasis/io/tensor16.hpp — tensors of float16 / bfloat16 values stored as their 16-bit patterns, and
 // their conversions to and from float32 on the host. Header-only: available in every build, with
-// or without the CUDA backend (whose 16-bit entry points take these tensors, oasis/cuda.hpp).
+// or without the CUDA backend (whose 16-bit entry points take these tensors, oasis/backends/cuda.hpp).
 //
 //   round_to_bits(x, dtype)  float -> f16 / bf16 bits, round to nearest, ties to even; overflow
 //                            rounds to +-inf, NaN stays NaN. One rounding: the float is widened
@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 #include "oasis/io/dtype.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::io {
 

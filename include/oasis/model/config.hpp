@@ -1,4 +1,4 @@
-// oasis/model/config.hpp — configuration of the Attention-Residual transformer oracle (SPEC §2–4).
+// oasis/model/config.hpp — configuration of the Attention-Residual transformer oracle (docs/spec.md §2–4).
 //
 // One configuration names every convention on which peer implementations differ; each option
 // has a named default, listed in docs/model.md. validate() rejects inconsistent settings with an
@@ -13,36 +13,36 @@
 #include <string_view>
 #include <vector>
 
-#include "oasis/coupling.hpp"
-#include "oasis/depth.hpp"
-#include "oasis/error.hpp"
-#include "oasis/normalizer.hpp"
-#include "oasis/tensor.hpp"
-#include "oasis/variant.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/depth.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/core/tensor.hpp"
+#include "oasis/ops/variant.hpp"
 
 namespace oasis::model {
 
-/// The depth-router family (SPEC §4).
+/// The depth-router family (docs/spec.md §4).
 enum class RouterFamily {
   kimi_full,     ///< Full AttnRes: every sublayer output is a source, g = w^T RMSNorm(v_i)
   kimi_block,    ///< Block AttnRes: sources are block sums b_n and the partial sum b_n^{i-1}
   authors_code,  ///< the authors' router: cumulative states, low-rank q/k, recency bias
 };
 
-/// What feeds the final RMSNorm and LM head (SPEC §4, "Readout").
+/// What feeds the final RMSNorm and LM head (docs/spec.md §4, "Readout").
 enum class Readout {
   final_attnres,  ///< a final AttnRes op with its own pseudo-query over all sources (Kimi default)
   sum,            ///< plain sum of all sources
   last,           ///< the last routed state (authors' default; Kimi: h_L + v_L, see docs/model.md)
 };
 
-/// RoPE pairing (SPEC §2): both layouts exist in peer code.
+/// RoPE pairing (docs/spec.md §2): both layouts exist in peer code.
 enum class RopeLayout {
   rotate_half,  ///< HF Llama: pairs (c, c + d_h/2)
   interleaved,  ///< pairs (2c, 2c + 1)
 };
 
-/// Estimator of the per-head null probability feeding psi (SPEC §3).
+/// Estimator of the per-head null probability feeding psi (docs/spec.md §3).
 enum class PsiEstimator {
   p_null,        ///< p_null = exp(s - LSE1) from the normaliser (library default)
   mass_deficit,  ///< max(0, 1 - sum_j p_j) (the authors' code)
@@ -67,13 +67,13 @@ struct ModelConfig {
   index_t d_head = 0;       ///< 0: d_model / n_heads
   index_t d_ff = 32;        ///< SwiGLU hidden width
 
-  // --- variant (SPEC §4 table) and router -----------------------------------------------------------
+  // --- variant (docs/spec.md §4 table) and router -----------------------------------------------------------
   Variant variant = Variant::oasis;
   RouterFamily router = RouterFamily::kimi_full;
   index_t block_size = 2;   ///< S, sublayers per block (kimi_block only); S = 1 is Full AttnRes
   /// Explicit block sizes (kimi_block only; empty: blocks of block_size, the last one possibly
   /// shorter). Positive, summing to n_sublayers(); e.g. {2, 2, 1, 1} for 6 sublayers. A block may
-  /// start at an MLP sublayer (SPEC §4's "boundaries fall before attention sublayers" holds for even
+  /// start at an MLP sublayer (docs/spec.md §4's "boundaries fall before attention sublayers" holds for even
   /// uniform S); a block without an attention sublayer is head-less (docs/model.md).
   std::vector<index_t> block_sizes;
   std::optional<Readout> readout;            ///< empty: final_attnres (kimi), last (authors_code), sum (original)
@@ -100,7 +100,7 @@ struct ModelConfig {
   index_t authors_rank = 0;          ///< authors' q/k width; 0: max(d_model / 4, 64)
   bool tie_embeddings = false;       ///< LM head shares embed_tokens.weight
 
-  // --- attention baselines inside the model (oasis/baselines.hpp, docs/model.md) -------
+  // --- attention baselines inside the model (oasis/research/baselines.hpp, docs/model.md) -------
   /// Gated attention: each head's context times sigmoid(<RMSNorm(h)_t, w_h> + c_h) before W_o
   /// (oasis::head_gates; parameters layers.{b}.attn.head_gate.weight [H, d], .bias [H]).
   bool gated_attention = false;

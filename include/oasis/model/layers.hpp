@@ -1,4 +1,4 @@
-// oasis/model/layers.hpp — the layers of the AttnRes transformer oracle (SPEC §2, §4).
+// oasis/model/layers.hpp — the layers of the AttnRes transformer oracle (docs/spec.md §2, §4).
 //
 // Activations are row matrices: Rows<T>::x has shape [N, w] with N = B * T rows in (batch,
 // position) order. Each row can carry a first-order forward error bound (Rows::e, one number per
@@ -22,13 +22,14 @@
 
 #include <Eigen/Core>
 
-#include "oasis/attention.hpp"
-#include "oasis/baselines.hpp"
-#include "oasis/coupling.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/gate.hpp"
+#include "oasis/ops/prefix_sink.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/model/config.hpp"
-#include "oasis/quant.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/ops/quantize.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis::model {
 
@@ -167,7 +168,7 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
   return out;
 }
 
-/// linear() with optional fake weight-activation quantisation (oasis/quant.hpp):
+/// linear() with optional fake weight-activation quantisation (oasis/ops/quantize.hpp):
 /// y = linear(Q_A(x), Q_W(W)): Q_A = oasis::quantize_activation (dynamic ranges over the rows of
 /// this call, or the next calibrated site), Q_W by the weight scheme's range rule. quant null:
 /// exactly linear(in, W, em). No error bound is derived for the quantised form (em must be off).

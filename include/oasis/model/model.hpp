@@ -1,4 +1,4 @@
-// oasis/model/model.hpp — the Attention-Residual transformer oracle Model<T> (SPEC §2–4).
+// oasis/model/model.hpp — the Attention-Residual transformer oracle Model<T> (docs/spec.md §2–4).
 //
 // Scalar-generic (float, double, long double, oasis::mp50). Layers: embedding, n_blocks blocks of
 // [attention sublayer, SwiGLU MLP sublayer] each with its own pre-norm, final RMSNorm, LM head.
@@ -10,7 +10,7 @@
 //   authors_code          cumulative states: candidates [embedding, earlier layer outputs,
 //                         residual + sublayer_out], low-rank query/key router after each sublayer
 //
-// and every depth router couples the psi of earlier attention sublayers (SPEC §3) when the
+// and every depth router couples the psi of earlier attention sublayers (docs/spec.md §3) when the
 // variant has coupling. Which value feeds which step is stated once, in wiring.hpp; Model::run
 // executes it as the steps of schedule.hpp. Tensor names and shapes: parameter_specs() and
 // docs/model.md.
@@ -26,11 +26,11 @@
 #include "oasis/model/layers.hpp"
 #include "oasis/model/router.hpp"
 #include "oasis/model/schedule.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 
 namespace oasis::model {
 
-/// How a parameter is initialised (deterministic, seeded; SPEC §4 and the peers' init).
+/// How a parameter is initialised (deterministic, seeded; docs/spec.md §4 and the peers' init).
 enum class Init { normal, ones, zeros, theta };
 
 struct ParamSpec {
@@ -132,7 +132,7 @@ struct ForwardOptions {
   bool trace = false;   ///< fill ForwardResult::trace
   /// Unit roundoff of the precision whose forward error is bounded (0: off); see docs/model.md.
   double error_u = 0;
-  /// Fake weight-activation quantisation (oasis/quant.hpp; null: off, bit-identical to no hook).
+  /// Fake weight-activation quantisation (oasis/ops/quantize.hpp; null: off, bit-identical to no hook).
   /// Every linear layer of the blocks (q, k, v, o, gate, up, down and the attention head gate)
   /// runs as linear(Q_A(x), Q_W(W)) (oasis::qlinear: dynamic ranges over the call's rows, or
   /// calibrated static ranges through quant->calibration, one site per activation quantiser in

@@ -1,4 +1,4 @@
-// oasis/model/router.hpp — depth routers of the AttnRes model (SPEC §3–4).
+// oasis/model/router.hpp — depth routers of the AttnRes model (docs/spec.md §3–4).
 //
 // Both router families produce old depth logits g_old [n, N] and then share one path: the core's
 // attn_res_route (coupling g - beta Dpsi with the selected centring and head-less rule, the
@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "oasis/coupling.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/model/config.hpp"
 #include "oasis/model/layers.hpp"
-#include "oasis/variant.hpp"
+#include "oasis/ops/variant.hpp"
 
 namespace oasis::model {
 

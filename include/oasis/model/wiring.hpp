@@ -1,4 +1,4 @@
-// oasis/model/wiring.hpp — how the steps of a configured model feed each other (SPEC §4, §8).
+// oasis/model/wiring.hpp — how the steps of a configured model feed each other (docs/spec.md §4, §8).
 //
 // A model is wired correctly when every step reads what the configuration says it reads. This
 // header states that for every router family, in terms of the trace names of
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "oasis/depth.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/model/config.hpp"
 
 namespace oasis::model {

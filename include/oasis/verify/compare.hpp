@@ -20,7 +20,7 @@
 
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
-#include "oasis/multiprecision.hpp"
+#include "oasis/core/multiprecision.hpp"
 #include "oasis/verify/report.hpp"
 
 namespace oasis::model {

@@ -4,7 +4,7 @@
 // Every checked element i of an output stored in dtype D is judged on two lines:
 //   certain    |x_i - ref_i| <= 0.5 ulp_D(ref_i) + 2 B_i(D)
 //              B_i: the sound worst-case first-order bound of the plain reference
-//              (oasis/error_bounds.hpp); f16/bf16 use the float bound scaled by u_D / u_f32, the
+//              (oasis/ops/error_bounds.hpp); f16/bf16 use the float bound scaled by u_D / u_f32, the
 //              bound of a computation that rounds every intermediate to D. Outside it, the element
 //              is wrong whatever the implementation's evaluation order: FAIL-certain.
 //   policy     the selected Policy below, never looser than the certain line (the minimum of the
@@ -15,14 +15,14 @@
 #include <string>
 #include <string_view>
 
-#include "oasis/error.hpp"
+#include "oasis/core/error.hpp"
 
 namespace oasis::verify {
 
 /// The tolerance policy of a comparison.
 enum class Policy {
   /// Default. f32 and f64 outputs: 0.5 ulp_D(ref) + E, E = 1.02 lambda u_D R + the underflow
-  /// floors, R the probabilistic coefficient bound of oasis/prob_bounds.hpp (Higham & Mary 2019)
+  /// floors, R the probabilistic coefficient bound of oasis/ops/prob_bounds.hpp (Higham & Mary 2019)
   /// with lambda = kLambda. f16 and bf16 outputs are taken as accumulated in float32 and rounded
   /// once to D: 0.5 ulp_D(|ref| + E) + E with E the float32 term. Ops without a probabilistic
   /// bound (psi, pseudo_query, coupling's g and dpsi) use the certain line.

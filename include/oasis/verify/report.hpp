@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "oasis/io/dtype.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 #include "oasis/verify/policy.hpp"
 
 namespace oasis::verify {

@@ -253,13 +253,13 @@ def normalize(z, normalizer="softmax1", s=0.0, masked_row="zero"):
 
 
 def softmax1(z, s=0.0):
-    """Softmax1 (softmax with a null category of logit s, SPEC §1) over the last axis."""
+    """Softmax1 (softmax with a null category of logit s, docs/spec.md §1) over the last axis."""
     return normalize(z, "softmax1", s)
 
 
 def token_attention(q, k, v, *, normalizer=None, null_logits=None, causal=None, key_lengths=None, scale=None,
                     window=None, bias=None, layout=None, return_probs=None, masked_row=None, gamma=None, zeta=None):
-    """The reference token attention (SPEC §2, §8): dict out, lse, p_null (and probs with
+    """The reference token attention (docs/spec.md §2, §8): dict out, lse, p_null (and probs with
     return_probs=True). q [B,H,Tq,d_h], k [B,H_kv,Tk,d_h], v [B,H_kv,Tk,d_v] (layout "bhtd", the
     default) or [B,T,H,d] (layout "bthd")."""
     q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
@@ -275,7 +275,7 @@ def token_attention(q, k, v, *, normalizer=None, null_logits=None, causal=None, 
 
 
 def null_statistic(p_null):
-    """psi [B, T] = mean over the query heads of p_null [B, H, T] (SPEC §3)."""
+    """psi [B, T] = mean over the query heads of p_null [B, H, T] (docs/spec.md §3)."""
     return _core.null_statistic(_arrays.array(p_null, "p_null"))
 
 
@@ -294,7 +294,7 @@ def couple_depth_logits(g_old, dpsi, beta, *, profile=None, centring=None, headl
 
 def attn_res_route(sources, g_old, psi=None, *, kinds=None, normalizer=None, coupling=None, profile=None,
                    centring=None, headless=None, theta=None, beta=None, beta_max=None, score_clamp=None):
-    """Depth routing of one layer over N tokens (SPEC §3-4): sources [n, N, d], g_old [n, N],
+    """Depth routing of one layer over N tokens (docs/spec.md §3-4): sources [n, N, d], g_old [n, N],
     psi [n, N] (needed with coupling); options as op "depth" of check(). Returns dict h [N, d],
     alpha [n, N], alpha_null [N], g [n, N], dpsi [n, N]."""
     p = None if psi is None else _arrays.array(psi, "psi")

@@ -1,6 +1,6 @@
-// oasis/normalizer.hpp — row normalisers: plain softmax and softmax with a null category.
+// oasis/ops/normalizer.hpp — row normalisers: plain softmax and softmax with a null category.
 //
-// SPEC §1. For logits z_1..z_m (masked entries are -inf) and a null logit s:
+// docs/spec.md §1. For logits z_1..z_m (masked entries are -inf) and a null logit s:
 //   LSE1   = log(e^s + sum_k e^{z_k})
 //   p_j    = exp(z_j - LSE1),  p_null = exp(s - LSE1),  sum_j p_j + p_null = 1.
 // Softmax1 is s = 0; a learnable sink logit (baseline S1, gpt-oss sinks) is any finite s.
@@ -12,7 +12,7 @@
 // (MaskedRow::zero, the default) is p = 0, LSE = -inf, so that the attention output is 0,
 // the same value Softmax1 gives; MaskedRow::error throws instead.
 //
-// Baseline normalisers of the paper (SPEC §4; docs/baselines.md), on the visible keys only
+// Baseline normalisers of the paper (docs/spec.md §4; docs/baselines.md), on the visible keys only
 // (a -inf key is removed, so masking equals removal for every normaliser):
 //   clipped_softmax   p_j = clip((zeta - gamma) q_j + gamma, 0, 1), q = softmax(z)
 //                     (Bondarenko et al. 2023; NormParams gamma <= 0, zeta >= 1)
@@ -31,8 +31,8 @@
 #include <string_view>
 #include <vector>
 
-#include "oasis/error.hpp"
-#include "oasis/scalar.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/core/scalar.hpp"
 
 namespace oasis {
 
@@ -227,7 +227,7 @@ struct RowProbs {
   T lse;      ///< LSE1 (softmax with null) or LSE (plain softmax)
 };
 
-/// softmax with a null category of logit s (SPEC §1); the general sink-logit normaliser.
+/// softmax with a null category of logit s (docs/spec.md §1); the general sink-logit normaliser.
 template <class T>
 RowProbs<T> softmax_null(const Vec<T>& z, const T& s) {
   RowProbs<T> r{Vec<T>(z.size()), T(0), T(0)};

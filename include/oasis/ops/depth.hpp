@@ -1,8 +1,8 @@
-// oasis/depth.hpp — depth routing of Attention Residuals (SPEC §3–4).
+// oasis/ops/depth.hpp — depth routing of Attention Residuals (docs/spec.md §3–4).
 //
 // For target layer l and token t, over candidates i = 0..n-1 with values s_i:
 //   g_i      = w_l^T RMSNorm(s_i)                        (Kimi pseudo-query logits)
-//   g_new    = g - beta * Dpsi                           (OASIS coupling, oasis/coupling.hpp)
+//   g_new    = g - beta * Dpsi                           (OASIS coupling, oasis/ops/coupling.hpp)
 //   alpha_i  = e^{g_i} / (1 + sum_r e^{g_r}),  alpha_null = 1 / (1 + sum_r e^{g_r})   (Softmax1)
 //            or plain softmax over depth (Vanilla AttnRes, token-only)
 //   h_l      = sum_i alpha_i s_i.
@@ -14,9 +14,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "oasis/coupling.hpp"
-#include "oasis/normalizer.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis {
 

@@ -1,6 +1,6 @@
-// oasis/backend.hpp — one API, several backends (float32 data).
+// oasis/backends/backend.hpp — one API, several backends (float32 data).
 //
-//   Backend::reference  the scalar-generic reference (oasis/attention.hpp, oasis/depth.hpp) in float
+//   Backend::reference  the scalar-generic reference (oasis/ops/attention.hpp, oasis/ops/depth.hpp) in float
 //   Backend::cpu_fast   fused, tiled, OpenMP CPU path (src/cpu_fast/)
 //   Backend::cuda       CUDA kernels (src/cuda/), when built with the toolkit and a device is present
 // A user switches backends by changing one argument; tests are written once, parameterised over
@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/grad/attention_backward.hpp"
 
 namespace oasis {
@@ -30,12 +30,12 @@ std::string backend_unavailable_reason(Backend b);
 /// Every backend usable in this process, reference first.
 std::vector<Backend> available_backends();
 
-/// Token attention (SPEC §2) on the chosen backend; throws oasis::invalid_argument when the
+/// Token attention (docs/spec.md §2) on the chosen backend; throws oasis::invalid_argument when the
 /// backend is unavailable or the arguments are invalid.
 AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const Tensor<float>& k,
                                        const Tensor<float>& v, const AttentionOptions& opt = {});
 
-/// The backward of token attention (oasis/grad/attention_backward.hpp, SPEC §8) on the chosen
+/// The backward of token attention (oasis/grad/attention_backward.hpp, docs/spec.md §8) on the chosen
 /// backend: the gradients with respect to q, k, v, the null logits and the bias from the
 /// cotangents of token_attention's outputs. The reference backend runs the float reference;
 /// cpu_fast and cuda run their own fused forward (which keeps each row's softmax state) and then
@@ -48,7 +48,7 @@ AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q
                                                const Tensor<float>& v, const AttentionCotangents<float>& d,
                                                const AttentionOptions& opt = {});
 
-/// Depth routing of one layer over N tokens (oasis/depth.hpp attn_res_route) on the chosen backend.
+/// Depth routing of one layer over N tokens (oasis/ops/depth.hpp attn_res_route) on the chosen backend.
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt = {});

@@ -1,11 +1,11 @@
-// oasis/attention.hpp — multi-head token attention with a selectable row normaliser (SPEC §2).
+// oasis/ops/attention.hpp — multi-head token attention with a selectable row normaliser (docs/spec.md §2).
 //
 // Per (batch b, query head h, query t):
 //   z_{t,j} = scale * <q_t, k_j>,  scale = 1/sqrt(d_h) unless given,
 //   p_t     = normaliser(z_t) over the visible keys (softmax1 uses the head's null logit s_h),
 //   A_t     = sum_j p_{t,j} v_j,   and per row LSE1 (or LSE) and p_null.
 // Visible keys of row t, with t' = t + (Tk - Tq) (bottom-right alignment, so a query block at the
-// end of a longer key sequence — incremental decoding — sees its past; SPEC §8):
+// end of a longer key sequence — incremental decoding — sees its past; docs/spec.md §8):
 //   j < key_lengths[b] (padding), j <= t' if causal, t' - W < j <= t' with a sliding window W.
 // Masked keys are removed from the row, which is exactly -inf masking. An additive bias
 // z_{t,j} += b_{t,j} (broadcast over batch and heads; -inf masks a key) comes after the scale; the
@@ -24,9 +24,9 @@
 #include <string_view>
 #include <vector>
 
-#include "oasis/normalizer.hpp"
-#include "oasis/online_softmax.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/ops/normalizer.hpp"
+#include "oasis/ops/online_softmax.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis {
 
@@ -170,7 +170,7 @@ struct KeyRange {
   index_t begin = 0, end = 0;
   index_t count() const { return end > begin ? end - begin : 0; }
 };
-/// The rule is oasis/online_softmax.hpp's key_span, which the fused kernels run.
+/// The rule is oasis/ops/online_softmax.hpp's key_span, which the fused kernels run.
 inline KeyRange visible_range(const AttentionShape& s, const AttentionOptions& opt, index_t b, index_t t) {
   const index_t len = opt.key_lengths.empty() ? s.Tk : opt.key_lengths[static_cast<std::size_t>(b)];
   const online::KeySpan<index_t> k = online::key_span<index_t>(len, opt.causal, opt.window, t, s.Tq, s.Tk);
@@ -234,7 +234,7 @@ void score_row(const Tensor<T>& q, const Tensor<T>& k, const AttentionShape& s, 
   }
 }
 
-/// The reference token attention (SPEC §2).
+/// The reference token attention (docs/spec.md §2).
 template <class T>
 AttentionResult<T> token_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                    const AttentionOptions& opt = {}) {

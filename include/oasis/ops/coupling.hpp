@@ -1,4 +1,4 @@
-// oasis/coupling.hpp — the null statistic psi and the token-to-depth coupling (SPEC §3).
+// oasis/ops/coupling.hpp — the null statistic psi and the token-to-depth coupling (docs/spec.md §3).
 //
 //   psi_{i,t}       = (1/H) sum_h p_null^{(i,h)}_t           mean over the H *query* heads
 //   g_new_{i->l,t}  = g_old_{i->l,t} - beta * Dpsi_{i->l,t},  beta = softplus(theta) >= 0
@@ -16,7 +16,7 @@
 #include <limits>
 #include <vector>
 
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis {
 

@@ -1,4 +1,4 @@
-// oasis/variant.hpp — the paper's variants as points of one matrix (SPEC §4, Tables 1, 2, 8):
+// oasis/ops/variant.hpp — the paper's variants as points of one matrix (docs/spec.md §4, Tables 1, 2, 8):
 // token normaliser x depth normaliser x coupling.
 //
 // | variant            | token    | depth            | coupling |
@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
-#include "oasis/attention.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/depth.hpp"
 
 namespace oasis {
 

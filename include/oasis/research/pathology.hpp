@@ -1,4 +1,4 @@
-// oasis/pathology.hpp — the pathology scores of Definitions 5.1 and 5.2 (§5, Assumption D.4).
+// oasis/research/pathology.hpp — the pathology scores of Definitions 5.1 and 5.2 (§5, Assumption D.4).
 //
 // For one query token t, depth weights alpha_l over the branches l (rows of `probs` are the
 // branches' token distributions p^{(l)}_{t,j}) and a set N_t of irrelevant key positions:
@@ -21,8 +21,8 @@
 
 #include <vector>
 
-#include "oasis/error.hpp"
-#include "oasis/scalar.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/core/scalar.hpp"
 
 namespace oasis {
 

@@ -1,4 +1,4 @@
-// oasis/multiprecision.hpp — the high-precision reference scalars and their Eigen traits.
+// oasis/core/multiprecision.hpp — the high-precision reference scalars and their Eigen traits.
 //
 //   oasis::mp50    boost::multiprecision cpp_bin_float<50> (header-only, always available)
 //   oasis::mpfr50  boost::multiprecision mpfr_float_backend<50> (when OASIS_HAVE_MPFR)

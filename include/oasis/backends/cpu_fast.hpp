@@ -1,6 +1,6 @@
-// oasis/cpu_fast.hpp — the fast CPU path (Backend::cpu_fast) with explicit control.
+// oasis/backends/cpu_fast.hpp — the fast CPU path (Backend::cpu_fast) with explicit control.
 //
-// Backend::cpu_fast in oasis/backend.hpp runs the same code; this header adds what a user of the
+// Backend::cpu_fast in oasis/backends/backend.hpp runs the same code; this header adds what a user of the
 // fast path needs beyond the one-call API:
 //  * *_into functions that write into a caller-owned result and reuse its buffers when the shape
 //    matches, so a loop that calls attention repeatedly does not pay the first-touch page faults
@@ -10,10 +10,10 @@
 //    force a narrower one (tests run every variant the CPU supports);
 //  * the vectorised exponential the kernels use, so its error can be measured.
 //
-// Semantics are those of the reference (oasis/attention.hpp token_attention, oasis/depth.hpp
+// Semantics are those of the reference (oasis/ops/attention.hpp token_attention, oasis/ops/depth.hpp
 // attn_res_route, oasis/grad/attention_backward.hpp token_attention_backward): same validation
 // and messages, same outputs, every option (masks, sliding window, additive bias, both layouts). Token attention is fused and tiled (the online softmax of
-// oasis/online_softmax.hpp: the null category enters every row's sum exactly once); depth
+// oasis/ops/online_softmax.hpp: the null category enters every row's sum exactly once); depth
 // routing computes its weights with the reference's own scalar functions and only vectorises the
 // mixing, in the reference's order and arithmetic, so its outputs are bitwise the reference's.
 #pragma once
@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/grad/attention_backward.hpp"
 
 namespace oasis::cpu_fast {
@@ -68,7 +68,7 @@ AttentionResult<float> token_attention(const Tensor<float>& q, const Tensor<floa
                                        const AttentionOptions& opt = {});
 
 /// What the backward reads of its forward besides the output: each row's final online-softmax
-/// state (oasis/online_softmax.hpp), [B, H, Tq]: M (the running maximum, the null logit included)
+/// state (oasis/ops/online_softmax.hpp), [B, H, Tq]: M (the running maximum, the null logit included)
 /// and S (the sum in units of e^M). The backward recomputes p_j = e^{z_j - M} (1 / S), the
 /// reference's arithmetic (oasis::normalize_row). FlashAttention-2 keeps LSE = M + log S instead
 /// and forms e^{z_j - LSE}; in float that costs a relative error u |LSE| in every probability of
@@ -83,7 +83,7 @@ struct AttentionRowState {
 void token_attention_into(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                           const AttentionOptions& opt, AttentionResult<float>& r, AttentionRowState& state);
 
-/// The backward of token attention (oasis/grad/attention_backward.hpp, SPEC §8) from a forward of
+/// The backward of token attention (oasis/grad/attention_backward.hpp, docs/spec.md §8) from a forward of
 /// the same call (`forward`: its out and p_null; `state`: the row state token_attention_into
 /// wrote), into `g` (reusing its storage when the shapes match). FlashAttention-2's algorithm with
 /// the null category: the probabilities are recomputed tile by tile, never stored; D = <dO, O> +

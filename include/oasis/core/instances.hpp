@@ -1,4 +1,4 @@
-// oasis/instances.hpp — explicit instantiations of the core for the supported scalars.
+// oasis/core/instances.hpp — explicit instantiations of the core for the supported scalars.
 //
 // The compiled library (target oasis::oasis, src/core/instantiate_*.cpp) instantiates the core
 // once per scalar; code that links it sees `extern template` declarations here and does not
@@ -6,11 +6,11 @@
 // Header-only use (no oasis::oasis) simply leaves OASIS_COMPILED_INSTANCES undefined.
 #pragma once
 
-#include "oasis/attention.hpp"
-#include "oasis/coupling.hpp"
-#include "oasis/depth.hpp"
-#include "oasis/multiprecision.hpp"
-#include "oasis/normalizer.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/depth.hpp"
+#include "oasis/core/multiprecision.hpp"
+#include "oasis/ops/normalizer.hpp"
 
 #define OASIS_CORE_INSTANCES(EXT, T)                                                              \
   EXT template ::oasis::RowStats<T> oasis::normalize_row<T>(::oasis::RowNorm, const T*,          \

@@ -1,4 +1,4 @@
-// oasis/metrics.hpp — outlier and sink metrics over tensors (SPEC §6, docs/baselines.md).
+// oasis/research/metrics.hpp — outlier and sink metrics over tensors (docs/spec.md §6, docs/baselines.md).
 //
 // They take plain tensors, so they apply to any model trace (hidden states, attention
 // probabilities, null probabilities). Accumulation is in double with two passes (mean first,
@@ -35,8 +35,8 @@
 #include <limits>
 #include <vector>
 
-#include "oasis/error.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/core/tensor.hpp"
 
 namespace oasis {
 

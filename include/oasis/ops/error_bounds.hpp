@@ -1,4 +1,4 @@
-// oasis/error_bounds.hpp — derived per-element error bounds of the plain reference in T.
+// oasis/ops/error_bounds.hpp — derived per-element error bounds of the plain reference in T.
 //
 // For a computation in scalar T (unit roundoff u = eps(T)/2) on inputs that are exact in T,
 // these functions return, element by element, a bound on |computed - exact|, where "exact" is
@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/depth.hpp"
 
 namespace oasis::bounds {
 

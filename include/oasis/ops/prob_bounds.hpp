@@ -1,9 +1,9 @@
-// oasis/prob_bounds.hpp — probabilistic rounding-error bounds of the plain reference (the
+// oasis/ops/prob_bounds.hpp — probabilistic rounding-error bounds of the plain reference (the
 // default tolerance policy of oasis-verify compare; derivation in docs/tolerances.md).
 //
 // Model (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019): to first order the error of a result is
 // sum_i c_i delta_i over its rounding events, |delta_i| <= u. The worst-case bounds of
-// oasis/error_bounds.hpp bound it by u sum_i |c_i|. If the delta_i are independent and mean zero
+// oasis/ops/error_bounds.hpp bound it by u sum_i |c_i|. If the delta_i are independent and mean zero
 // (mean-independent suffices), Hoeffding's inequality gives
 //     |sum_i c_i delta_i| <= lambda u R,   R = sqrt(sum_i c_i^2),
 // with probability at least 1 - 2 exp(-lambda^2 / 2) per element. Events with one coefficient
@@ -36,7 +36,7 @@
 #include <cmath>
 #include <vector>
 
-#include "oasis/error_bounds.hpp"
+#include "oasis/ops/error_bounds.hpp"
 
 namespace oasis::bounds {
 

@@ -1,7 +1,7 @@
-// oasis/scalar.hpp — scalar helpers shared by every formula, generic over the scalar type.
+// oasis/core/scalar.hpp — scalar helpers shared by every formula, generic over the scalar type.
 //
 // Scalars: float, double, long double, and the Boost.Multiprecision types of
-// oasis/multiprecision.hpp. Math functions are called unqualified after `using std::...`
+// oasis/core/multiprecision.hpp. Math functions are called unqualified after `using std::...`
 // so that argument-dependent lookup finds Boost's overloads for multiprecision types.
 #pragma once
 

@@ -1,4 +1,4 @@
-// oasis/error.hpp — the one exception type the library throws for bad input.
+// oasis/core/error.hpp — the one exception type the library throws for bad input.
 //
 // Every check names the offending argument, so a user who passes a wrongly shaped
 // tensor or a NaN logit reads *which* argument and *why*, never a crash or garbage.

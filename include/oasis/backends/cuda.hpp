@@ -1,8 +1,8 @@
-// oasis/cuda.hpp — the CUDA backend's own API (available when the library was built with the CUDA
+// oasis/backends/cuda.hpp — the CUDA backend's own API (available when the library was built with the CUDA
 // toolkit: OASIS_HAVE_CUDA is defined for targets linking oasis::oasis; docs/cuda.md).
 //
 // The float32 entry points share the CPU API: oasis::token_attention(Backend::cuda, ...) and
-// oasis::attn_res_route(Backend::cuda, ...) in oasis/backend.hpp. This header adds what only the
+// oasis::attn_res_route(Backend::cuda, ...) in oasis/backends/backend.hpp. This header adds what only the
 // GPU path offers:
 //   * float16 / bfloat16 inputs (raw 16-bit storage) with float32 accumulation and outputs;
 //   * a device-pointer entry point (no host copies) for benchmarks and integration;
@@ -29,13 +29,13 @@
 #include <string>
 #include <vector>
 
-#include "oasis/attention.hpp"
-#include "oasis/coupling.hpp"
-#include "oasis/depth.hpp"
+#include "oasis/ops/attention.hpp"
+#include "oasis/ops/coupling.hpp"
+#include "oasis/ops/depth.hpp"
 #include "oasis/io/tensor16.hpp"
 #include "oasis/model/config.hpp"
 #include "oasis/model/layers.hpp"
-#include "oasis/tensor.hpp"
+#include "oasis/core/tensor.hpp"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*; null = the default stream
 
@@ -75,7 +75,7 @@ struct KernelChoice {
 };
 KernelChoice kernel_choice(const AttentionShape& shape, const KernelOptions& opt = {});
 
-/// Token attention (SPEC §2) on float16 / bfloat16 inputs with float32 accumulation; same layouts,
+/// Token attention (docs/spec.md §2) on float16 / bfloat16 inputs with float32 accumulation; same layouts,
 /// options and results as oasis::token_attention. q, k, v must share one 16-bit dtype.
 AttentionResult<float> token_attention(const io::Tensor16& q, const io::Tensor16& k, const io::Tensor16& v,
                                        const AttentionOptions& opt = {}, const KernelOptions& kernel = {});
@@ -91,7 +91,7 @@ Tensor<float> null_statistic(const Tensor<float>& p_null);
 Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<float>& w,
                                   const Tensor<float>& gain = {}, const KeyNormOptions& opt = {});
 
-/// Device buffers of one attention call (row-major, contiguous, layouts of oasis/attention.hpp).
+/// Device buffers of one attention call (row-major, contiguous, layouts of oasis/ops/attention.hpp).
 /// The contents of null_logits / key_lengths / bias are trusted (they are on the device).
 struct DeviceAttention {
   io::DType dtype = io::DType::f32;  ///< f32, f16 or bf16

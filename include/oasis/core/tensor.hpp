@@ -1,4 +1,4 @@
-// oasis/tensor.hpp — a small dense, row-major (C order) tensor: shape + contiguous storage.
+// oasis/core/tensor.hpp — a small dense, row-major (C order) tensor: shape + contiguous storage.
 //
 // C order matches NumPy/PyTorch contiguous tensors, so a user's buffer maps in without copies.
 // Which shape each function takes: docs/conventions.md ("tensor layout") and its header.
@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "oasis/error.hpp"
-#include "oasis/scalar.hpp"
+#include "oasis/core/error.hpp"
+#include "oasis/core/scalar.hpp"
 
 namespace oasis {
 

@@ -14,7 +14,7 @@
 // expected(name, wide) returns the producer's value `ref` and `e`, the first-order bound of the
 // plain step in the precision of the checked tensor (wide: f64, u = 2^-53; else u = 2^-24, which
 // the caller scales by u_D / u_f32 for f16/bf16), so that the tensor passes when
-//   |x - ref| <= 0.5 ulp_D(ref) + 2 e(D)            (the op-level policy, docs/verify.md).
+//   |x - ref| <= 0.5 ulp_D(ref) + 2 e(D)            (the op-level policy, docs/policies.md).
 #pragma once
 
 #include <map>

@@ -1,4 +1,4 @@
-// src/verify/op_model.cpp — the model level (op "model", check_model; docs/verify.md "Model level").
+// src/verify/op_model.cpp — the model level (op "model", check_model; docs/verify-model.md "Model level").
 //
 // The weights and the configuration come from a file written by oasis::model::save_model (or by
 // hand, oasis/model/io.hpp). A PASS means that every trace tensor is what the configured model
@@ -17,7 +17,7 @@
 // Forward order of the report: per sublayer its router (Kimi: before it; authors: after it),
 // input and steps, then the final router, state, logits; the first failing tensor is named in a note.
 //
-// The oracle (CompareOptions::oracle, docs/verify.md "The model level's fast oracle"): fast runs
+// The oracle (CompareOptions::oracle, docs/verify-model.md "The model level's fast oracle"): fast runs
 // every producer in double (ModelCheckerOf<double>, the matrix products as blocked GEMMs), each
 // value within kOwnError x its rules' bound at u = 2^-53 of the exact producer, and decides each
 // element with that error folded in (TensorCheck); a tensor with an undecided element is
@@ -60,7 +60,7 @@ constexpr double kOwnError = 1.01;
 constexpr double kBoundRho = 1e-6;
 constexpr double kU53 = 0x1p-53;
 /// Safety factor of the end-to-end verdict's estimate of the double replay's error from a long
-/// double replay (docs/verify.md "The model level's fast oracle"): |x_d - x_ld| is |x_d - x_hp|
+/// double replay (docs/verify-model.md "The model level's fast oracle"): |x_d - x_ld| is |x_d - x_hp|
 /// within a relative ~2^-11.
 constexpr double kLdSafety = 4.0;
 
@@ -219,7 +219,7 @@ bool row_verdict(const std::string& name, const StoredTensor& got, const Tensor<
 /// element is decided on intervals; E_r is (1) kOwnError x the composed forward bound at u = 2^-53
 /// (certain), else, under the probabilistic and p16 policies and for a trace narrower than
 /// float64, (2) the estimate kLdSafety (max_c |x_d - x_ld| + 2^-53 max_c |x_d|) from a long double
-/// replay x_ld (docs/verify.md "The model level's fast oracle"). A row left open sets `recomputed`
+/// replay x_ld (docs/verify-model.md "The model level's fast oracle"). A row left open sets `recomputed`
 /// and the verdict is taken again against the mp50 replay. `oracle` receives which replay decided.
 TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models& ms, const std::vector<index_t>& ids,
                         index_t B, index_t Tn, const CompareOptions& opt, bool fast, bool& recomputed, std::string& oracle) {

@@ -1,4 +1,4 @@
-// src/verify/op_model_grad.cpp — model-level gradient tensors (docs/verify.md, "Model gradients").
+// src/verify/op_model_grad.cpp — model-level gradient tensors (docs/verify-model.md, "Model gradients").
 //
 // The implementation supplies dL/dlogits (input "grad_logits" [B, T, V]) and any of
 //   grad.<parameter>                 the gradient of every parameter (names of parameter_specs)

@@ -1,5 +1,5 @@
 // oasis/ops/quantize.hpp — fake (simulated) uniform quantisation, as the model's quantised linear
-// layers and the W8A8-style studies use it (SPEC §6; docs/baselines.md; the named presets are in
+// layers and the W8A8-style studies use it (docs/spec.md §6; docs/baselines.md; the named presets are in
 // oasis/research/quant_presets.hpp).
 //
 // A scheme has a bit width b, a kind, a grid, a range rule and a granularity.

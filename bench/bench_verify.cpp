@@ -13,7 +13,7 @@
 //                                    d = 768, 12 blocks, 12 heads, T = 512, vocab 32000 (GPT-2 small)
 //   BM_Verify_model_logits/...       the same two models, logits only (the end-to-end verdict: the
 //                                    double replay with its error estimated by a long double replay,
-//                                    docs/verify.md "The model level's fast oracle")
+//                                    docs/verify-model.md "The model level's fast oracle")
 // Targets (docs/benchmarks.md): <= 30 s, <= 30 s and <= 10 s on the 2-core benchmark machine; the
 // model checks <= 5 s (d = 256) and <= 300 s (GPT-2 small), full trace or logits only.
 #include <benchmark/benchmark.h>

@@ -1,5 +1,5 @@
 // examples/model_gradients/producer.cpp — the files a training implementation writes for the
-// model-level gradient check of `oasis-verify compare` (docs/verify.md, "Model gradients").
+// model-level gradient check of `oasis-verify compare` (docs/verify-model.md, "Model gradients").
 //
 //   producer OUTDIR [--mistake theta-buffer|loss-scale]
 //

@@ -4,7 +4,7 @@ The model follows the library's conventions (docs/model.md, ModelConfig defaults
 router kimi_full, readout final_attnres, rotate_half RoPE, eps 1e-6) and names its parameters as
 the library does, so its state_dict is the weights dict of oasis.check_model. While it runs under
 an oasis.TraceRecorder, oasis.record() calls store every step's tensors under the documented
-trace names (docs/verify.md, "Model level"); outside a recorder they cost nothing. The oracle
+trace names (docs/verify-model.md, "Model level"); outside a recorder they cost nothing. The oracle
 then checks every tensor against what the configured model computes from the tensors it reads
 (each step in high precision on the model's own inputs, and each link of the wiring): a mistake
 is reported at the step that makes it.

@@ -51,7 +51,7 @@ def check(q, k, v, sinks, out, lse, p_sink):
 
     In bfloat16 this implementation rounds every intermediate (the scores, the weights) to bf16,
     not only its outputs: the default policy for 16-bit outputs (accumulated in float32, stored
-    once; docs/verify.md) rightly rejects that, so it is checked under the worst-case policy, whose
+    once; docs/policies.md) rightly rejects that, so it is checked under the worst-case policy, whose
     bound covers arithmetic in 16 bits throughout."""
     bhtd = lambda x: x.transpose(1, 2).contiguous()
     policy = "worst_case" if q.dtype == torch.bfloat16 else None

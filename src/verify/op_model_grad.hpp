@@ -1,4 +1,4 @@
-// src/verify/op_model_grad.hpp — the model level's gradient tensors (op_model_grad.cpp; docs/verify.md,
+// src/verify/op_model_grad.hpp — the model level's gradient tensors (op_model_grad.cpp; docs/verify-model.md,
 // "Model gradients"). op_model.cpp calls check_model_gradients once per model check.
 #pragma once
 

@@ -1,4 +1,4 @@
-# tests/grad/model_grad_example.cmake — runs exactly the model-gradient walkthrough of docs/verify.md:
+# tests/grad/model_grad_example.cmake — runs exactly the model-gradient walkthrough of docs/verify-model.md:
 #   producer DIR;                          oasis-verify compare DIR/model_grad.json -> exit 0, 31 of 31 PASS
 #   producer DIR --mistake theta-buffer;   compare -> exit 1, the two non-zero theta gradients FAIL, 29 PASS
 #   producer DIR --mistake loss-scale;     compare -> exit 1, max rel 0.8333 (= 1 - 1/N, N = 6 tokens)

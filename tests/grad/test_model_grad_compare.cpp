@@ -1,4 +1,4 @@
-// Model-level gradient tensors in the compare engine (check_model, op "model"; docs/verify.md,
+// Model-level gradient tensors in the compare engine (check_model, op "model"; docs/verify-model.md,
 // "Model gradients"): correct implementations in float32 and float64 (the oracle's own replay,
 // micro-batch accumulation, a double computation rounded to float) pass the end-to-end parity
 // rule, every mutant of the zoo fails it, and bad input is named.

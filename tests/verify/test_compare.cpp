@@ -512,7 +512,7 @@ TEST(VerifyCompare, ModelFullFloatTracePassesEveryLocalStep) {
   ASSERT_FALSE(find(r1, "layers.1.mlp.output").first_mismatches.empty());
   EXPECT_EQ(find(r1, "layers.1.mlp.output").first_mismatches.at(0).rfind("layers.1.mlp.output[1, 2, 5]", 0), 0u);
   // the whole sublayer from its input when the intermediate tensors are left out: passes; the
-  // bound composed over the sublayer's steps is much looser (docs/verify.md), so the gross
+  // bound composed over the sublayer's steps is much looser (docs/verify-model.md), so the gross
   // mistake here is an output element moved by 0.1
   out = full_trace(mf.forward(ids, B, Tn, fo), idt);
   for (const char* f : {"attn_q", "attn_k", "attn_v", "attn_heads", "branch_psi"}) out.erase(std::string("layers.0.attn.") + f);

@@ -218,7 +218,7 @@ inline ModelConfig config_from_metadata(const std::map<std::string, std::string>
 }
 
 /// Every trace tensor of a forward with ForwardOptions::trace, named and laid out as the model
-/// level of `oasis-verify compare` reads them (docs/verify.md, "Model level"): "logits", "state"
+/// level of `oasis-verify compare` reads them (docs/verify-model.md, "Model level"): "logits", "state"
 /// and "<sublayer>.<field>" for every field the sublayer has (router fields where a router ran),
 /// each rounded to `dtype`. The reference layout for implementations that write traces.
 template <class T>

@@ -2,7 +2,7 @@
 //
 // A model is wired correctly when every step reads what the configuration says it reads. This
 // header states that for every router family, in terms of the trace names of
-// docs/verify.md ("Model level"): the value of every router candidate (the embedding, a sublayer
+// docs/verify-model.md ("Model level"): the value of every router candidate (the embedding, a sublayer
 // output, a block sum, a residual sum, an earlier router's output), the psi it carries, the state
 // every sublayer reads and the readout state. This is the one definition of the model's wiring:
 // Model<T>::run executes it (compiled to steps by schedule.hpp), the model backward
@@ -187,7 +187,7 @@ inline ModelWiring model_wiring(const ModelConfig& cfg) {
   return w;
 }
 
-/// Trace fields of a sublayer (docs/verify.md, model level); routers add kRouterFields.
+/// Trace fields of a sublayer (docs/verify-model.md, model level); routers add kRouterFields.
 inline const std::vector<std::string>& attention_trace_fields() {
   static const std::vector<std::string> f = {"input", "attn_q", "attn_k", "attn_v", "p_null", "lse", "attn_heads", "branch_psi", "output"};
   return f;

@@ -3,8 +3,8 @@
 // 50-digit oasis::mp50; CompareOptions::oracle).
 //
 // One engine serves `oasis-verify compare` (a JSON configuration naming tensor files) and
-// programs that hold the tensors in memory (check()). File formats, tensor names, options and the
-// tolerance policies: docs/verify.md. Ops and their tensors: describe_ops().
+// programs that hold the tensors in memory (check()). File formats, tensor names and options:
+// docs/verify.md; the tolerance policies: docs/policies.md. Ops and their tensors: describe_ops().
 //
 // Each element of an output stored in dtype D is judged on two lines (oasis/verify/policy.hpp):
 // the certain worst-case bound |x_i - ref_i| <= 0.5 ulp_D(ref_i) + 2 B_i(D) (outside it:
@@ -38,7 +38,7 @@ CompareReport check(const std::string& op, const io::TensorMap& inputs, const io
 /// its metadata (oasis::model::save_model, or written by hand), `inputs` the token ids, `trace`
 /// the logits, the state and the trace tensors. Every trace tensor is checked against what the
 /// configured model computes from the tensors it reads (a PASS certifies the wiring too); logits
-/// without the state get the end-to-end verdict (docs/verify.md, "Model level").
+/// without the state get the end-to-end verdict (docs/verify-model.md, "Model level").
 CompareReport check_model(const std::string& weights_file, const io::TensorMap& inputs, const io::TensorMap& trace,
                           const io::json::Value& options = {}, const CompareOptions& opt = {});
 

@@ -111,7 +111,7 @@ def check(op, inputs, outputs, options=None, policy=None, **compare):
 
 
 def check_model(model, trace, ids=None, options=None, policy=None, **compare):
-    """Check a model trace (docs/verify.md, "Model level").
+    """Check a model trace (docs/verify-model.md, "Model level").
 
     ``model``: a weights file of oasis::model::save_model (path), an ``oasis.Model``, or a pair
     ``(config, weights)`` (see Model). ``trace``: dict name -> tensor (logits, state,
@@ -212,7 +212,7 @@ class Model:
     def forward(self, ids, dtype="float64", trace=False):
         """The library's forward of token ids [B, T] in float32 or float64: dict with "logits"
         [B, T, vocab] and "state" [B, T, d] (the readout state), and with ``trace=True`` every
-        trace tensor "<sublayer>.<field>" of TRACE_FIELDS (docs/verify.md): a reference trace
+        trace tensor "<sublayer>.<field>" of TRACE_FIELDS (docs/verify-model.md): a reference trace
         that check_model accepts as it is."""
         if type(dtype).__module__ == "torch":  # torch.float32 -> "float32"
             dtype = str(dtype).replace("torch.", "")

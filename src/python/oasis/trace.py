@@ -1,6 +1,6 @@
 """oasis.trace: record a model trace from a torch module for oasis.check_model.
 
-A trace holds tensors named as docs/verify.md ("Model level") documents them:
+A trace holds tensors named as docs/verify-model.md ("Model level") documents them:
 ``<sublayer>.<field>`` with ``<sublayer>`` one of ``layers.{b}.attn``, ``layers.{b}.mlp`` (the
 attention and MLP sublayers of transformer block b) and ``final_res`` (the final readout
 router), plus ``logits``, ``state`` (the readout state before the final norm) and ``ids``.

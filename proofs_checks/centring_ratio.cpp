@@ -9,7 +9,7 @@
 //   and against the initial state (Dpsi_0 = 0 under paper_v2):
 //       alpha_k / alpha_0 = exp(g_k - g_0) exp(-beta psi_k) exp(+beta mean_E psi) — it does not.
 // Under authors_code the mean runs over all n candidates with psi_0 := 0, so the first identity
-// holds for every pair including the initial state. The slides' teaching example (psi = 0.8, 0.2,
+// holds for every pair including the initial state. The teaching example of docs/spec.md §3 (psi = 0.8, 0.2,
 // g = 0, beta = 1, paper_v2) gives (initial, branch 1, branch 2, null) = (0.2445, 0.1811, 0.3300, 0.2445).
 #include "statements.hpp"
 #include "support.hpp"
@@ -40,7 +40,7 @@ template <class T> void check_statement(const Implementation<T>& impl, const Che
   Rng rng(seed_for(cfg, kId));
   const int count = instances_for<T>(cfg);
   for (int it = -1; it < count; ++it) {
-    const bool example = it < 0;  // the slides' teaching example first
+    const bool example = it < 0;  // the teaching example of docs/spec.md §3 first
     const int H = example ? 1 : rng.integer(1, 6);
     const int n = example ? 3 : rng.integer(2, 8);
     std::vector<Candidate> cand(static_cast<std::size_t>(n));
@@ -155,10 +155,10 @@ template <class T> void check_statement(const Implementation<T>& impl, const Che
       }
     }
     if (example) {
-      const double pub[4] = {0.2445, 0.1811, 0.3300, 0.2445};  // slides, rounded to 4 decimals
+      const double pub[4] = {0.2445, 0.1811, 0.3300, 0.2445};  // docs/spec.md §3, rounded to 4 decimals
       for (int i = 0; i < 3; ++i)
-        run.identity("teaching example (slides)", std::abs(to_double(e.val.alpha(i, 0)) - pub[i]), 5e-5 + e.bound.alpha(i, 0));
-      run.identity("teaching example (slides): alpha_null", std::abs(to_double(an) - pub[3]), 5e-5 + e.bound.alpha_null[0]);
+        run.identity("teaching example (spec §3)", std::abs(to_double(e.val.alpha(i, 0)) - pub[i]), 5e-5 + e.bound.alpha(i, 0));
+      run.identity("teaching example (spec §3): alpha_null", std::abs(to_double(an) - pub[3]), 5e-5 + e.bound.alpha_null[0]);
     }
   }
 }
@@ -212,7 +212,7 @@ Check make_centring_ratio() {
   return define_check(
              kId, kPaperRef,
              "alpha_i/alpha_k = exp(g_i-g_k) exp(-beta(psi_i-psi_k)) for transformed branches; the centring mean "
-             "stays in the ratios to the null category and the initial state; slides' teaching example",
+             "stays in the ratios to the null category and the initial state; the teaching example of spec §3",
              BackendCoverage::every_available,
              [](const auto& impl, const CheckConfig& cfg, CheckRun& run) { check_statement(impl, cfg, run); },
              [](auto scalar, Backend b) { return library_implementation(scalar, b); })

@@ -1,19 +1,19 @@
 // oasis/oasis.hpp — the whole oracle core in one include.
 //
-//   normalizer.hpp  softmax, Softmax1 / sink-logit normaliser (docs/spec.md §1)
-//   attention.hpp   multi-head token attention with LSE1 and p_null (docs/spec.md §2)
-//   coupling.hpp    psi, centring conventions, coupling g - beta * Dpsi (docs/spec.md §3)
-//   depth.hpp       depth weights, mixing, Kimi pseudo-query logits (docs/spec.md §3–4)
-//   variant.hpp     the paper's variants (docs/spec.md §4 table)
-//   error_bounds.hpp documented float/double error bounds against high precision
-//   backend.hpp     the same float32 API on the reference, fast CPU and CUDA backends
-//   baselines.hpp   S1/S2 sinks, gated attention, StreamingLLM policy (clipped softmax, sparsemax,
-//                   entmax-1.5 are RowNorm kinds of normalizer.hpp)
-//   metrics.hpp     kurtosis, max |x|, BOS mass, entropy, null mass, sink rate (docs/spec.md §6)
-//   quant.hpp       fake quantisation (W8A8 / W6A6 / W4A4 presets)
-// Separate includes: oasis/model/model.hpp (the AttnRes transformer), oasis/io/*.hpp (npy,
-// safetensors), oasis/verify/*.hpp (the compare engine, target oasis::verify); included here,
-// oasis/research/pathology.hpp (Definition 5.1/5.2 scores). The layers: docs/architecture.md.
+//   core/      scalar types (float ... mp50, mpfr50), Tensor, errors, compiled-instance lists
+//   ops/       the oracle's ops and their bounds: normalizer (softmax, Softmax1 / sink logit,
+//              docs/spec.md §1), attention (LSE1 and p_null, §2), online_softmax, coupling (psi,
+//              centring, g - beta * Dpsi, §3), depth (depth weights, mixing, Kimi pseudo-query
+//              logits, §3-4), variant (the paper's variants, §4 table), gate (gated attention),
+//              prefix_sink (S2), quantize (fake quantisation); error_bounds (certain) and
+//              prob_bounds (probabilistic) against high precision
+//   backends/  the same float32 API on the reference, fast CPU and CUDA backends
+//   research/  baselines (S1 options, clipped-softmax parameters, StreamingLLM policy), metrics
+//              (kurtosis, max |x|, BOS mass, entropy, null mass, sink rate, §6), pathology
+//              (Definition 5.1/5.2 scores), quant_presets (W8A8 / W6A6 / W4A4 presets)
+// Separate includes: oasis/model/model.hpp (the AttnRes transformer), oasis/grad/grad.hpp (the
+// backward), oasis/io/*.hpp (npy, safetensors), oasis/verify/*.hpp (the compare engine, target
+// oasis_verify). The layers: docs/architecture.md.
 #pragma once
 
 #include "oasis/ops/attention.hpp"

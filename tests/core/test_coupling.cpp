@@ -57,7 +57,7 @@ TEST(Coupling, TeachingExampleThroughThePublicApi) {
   EXPECT_NEAR(w.alpha[1], std::exp(-0.3) / S, 1e-12);
   EXPECT_NEAR(w.alpha[2], std::exp(0.3) / S, 1e-12);
   EXPECT_NEAR(w.alpha_null, 1.0 / S, 1e-12);
-  // the rounded table of the slides
+  // the rounded table of docs/spec.md §3's teaching example
   EXPECT_NEAR(w.alpha[0], 0.2445, 5e-5);
   EXPECT_NEAR(w.alpha[1], 0.1811, 5e-5);
   EXPECT_NEAR(w.alpha[2], 0.3300, 5e-5);

@@ -264,13 +264,15 @@ TEST(BaselineQuant, GranularityGroupsAndPresets) {
   EXPECT_EQ(pp.zero_point[0], 0.0);
   EXPECT_EQ(fake_quantize(Tensor<double>({1, 3}, {0, 0, 0}), QuantScheme{})[1], 0.0);  // all-zero group
   // Presets.
-  for (const char* family : {"", "bondarenko-", "omniquant-rtn-"})
+  for (const char* family : {"", "bondarenko-", "omniquant-rtn-", "rtn0-"})
     for (const char* wa : {"W8A8", "W6A6", "W4A4"}) {
       const std::string name = std::string(family) + wa + (*family ? "" : "-dynamic");
       const WAQuantConfig w = wa_preset(name);
+      const bool layout = std::string(family) == "omniquant-rtn-" || std::string(family) == "rtn0-";
       EXPECT_EQ(w.name, name);
       EXPECT_EQ(w.weights.bits, w.activations.bits);
-      EXPECT_EQ(w.weights.symmetric, std::string(family) != "omniquant-rtn-") << name;
+      EXPECT_EQ(w.weights.symmetric, !layout) << name;
+      EXPECT_EQ(w.activations.range_holds_zero, std::string(family) != "omniquant-rtn-") << name;
       EXPECT_FALSE(w.activations.symmetric);
       EXPECT_EQ(w.activation_ranges == ActivationRanges::calibrated, std::string(family) == "bondarenko-") << name;
     }

@@ -395,12 +395,13 @@ TEST(PaperDefinitions, CalibratedActivationRangesAreBondarenkoEtAlsRunningMinMax
 }
 
 TEST(PaperDefinitions, OmniQuantLayoutPerChannelWeightsPerTokenActivations) {
-  // OmniQuant's quantisers (round-to-nearest ranges): each output channel of W [out, in] and each
-  // token (row) of x [N, in] has its own asymmetric min-max range.
+  // OmniQuant's quantiser layout with ranges widened to hold 0 (the rtn0 presets; OmniQuant's own
+  // ranges: test_omniquant_rtn.cpp): each output channel of W [out, in] and each token (row) of
+  // x [N, in] has its own asymmetric min-max range.
   const std::uint64_t salt = 1809;
   SCOPED_TRACE(salt);
   auto rng = make_rng(salt);
-  for (const char* name : {"omniquant-rtn-W4A4", "omniquant-rtn-W6A6", "omniquant-rtn-W8A8"}) {
+  for (const char* name : {"rtn0-W4A4", "rtn0-W6A6", "rtn0-W8A8"}) {
     const WAQuantConfig cfg = wa_preset(name);
     const int bits = cfg.weights.bits;
     const Tensor<double> W = randn<double>({5, 9}, rng, 0.5), x = randn<double>({3, 9}, rng, 2.0);

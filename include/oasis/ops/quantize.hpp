@@ -9,12 +9,15 @@
 //               [0, 2^b - 1] (their code's rule: signed = min x < 0, one decision per tensor).
 //               scale = a / top, top = the grid's largest code, a = the range's max |x|;
 //               q = clamp(rne(x / scale), lo, top),                  x^ = q * scale
-//   asymmetric  lo = min(min x, 0), hi = max(max x, 0) (the range always holds 0, so 0 is exact),
-//               scale = (hi - lo) / (2^b - 1), zp = clamp(rne(-lo / scale), 0, 2^b - 1),
+//   asymmetric  lo = min(min x, 0), hi = max(max x, 0) (range_holds_zero, the default: 0 is exact),
+//               or lo = min x, hi = max x (the group's own range, OmniQuant's RTN, their Eq. 2),
+//               scale = (hi - lo) / (2^b - 1), zp = rne(-lo / scale) (clamped to [0, 2^b - 1]
+//               when the range holds 0; the own range of a one-signed group puts it off the grid),
 //               q = clamp(rne(x / scale) + zp, 0, 2^b - 1),          x^ = (q - zp) * scale
-// rne is round half to even (IEEE default). A group whose range is {0} gets scale 1, zp 0
-// (every value is exactly representable). In exact arithmetic |x - x^| <= scale / 2 inside the
-// range; docs/baselines.md gives the floating-point bound the tests check.
+// rne is round half to even (IEEE default). A group whose range has zero width is widened to hold
+// 0 (a constant c gets [min(c, 0), max(c, 0)], so c is exact; {0} gets scale 1, zp 0). In exact
+// arithmetic |x - x^| <= scale / 2 inside the range; docs/baselines.md gives the floating-point
+// bound the tests check.
 // Range rules: minmax (the group's own min and max), mse_grid (symmetric only; Bondarenko et
 // al.'s evaluation of weights: a in {c * step : c = 1..N}, step = (max(|min x|, max x) + margin) / N,
 // N = 100, margin = 0.5, the candidate of least sum (x - x^)^2 per group, first on ties), and
@@ -58,6 +61,8 @@ struct QuantScheme {
   bool unsigned_if_nonnegative = false;  ///< symmetric: grid [0, 2^b - 1] for a tensor with min >= 0
   int mse_candidates = 100;              ///< mse_grid: number of candidate ranges N
   double mse_margin = 0.5;               ///< mse_grid: absolute margin added to max |x|
+  /// asymmetric: the range is widened to hold 0 (true) or is the group's own [min x, max x]
+  bool range_holds_zero = true;
 };
 
 /// Range parameters of one quantisation of one tensor (one entry per group).
@@ -95,6 +100,8 @@ inline void check_scheme(const QuantScheme& s, const Shape& shape) {
   OASIS_REQUIRE(s.bits >= 2 && s.bits <= 16, "bits", "must be in [2, 16], got ", s.bits);
   OASIS_REQUIRE(s.symmetric || (!s.full_signed_grid && !s.unsigned_if_nonnegative), "scheme",
                 "full_signed_grid and unsigned_if_nonnegative apply to symmetric schemes only");
+  OASIS_REQUIRE(s.range_holds_zero || !s.symmetric, "range_holds_zero",
+                "a symmetric range [-a, a] always holds 0; the group's own range is for asymmetric schemes");
   OASIS_REQUIRE(s.range != QuantRange::mse_grid || s.symmetric, "range",
                 "mse_grid is defined for symmetric schemes only (the authors' one-dimensional search)");
   OASIS_REQUIRE(s.range != QuantRange::mse_grid || (s.mse_candidates >= 1 && std::isfinite(s.mse_margin) &&
@@ -160,11 +167,12 @@ inline CodeGrid code_grid(const QuantScheme& s, bool nonneg) {
   return {s.full_signed_grid ? -q - 1.0 : -q, q};
 }
 
-/// Per-group min and max of x (each range holds 0: lo <= 0 <= hi).
+/// Per-group min and max of x, each range holding 0 (lo <= 0 <= hi) when `holds_zero`.
 template <class T>
-void group_ranges(const Tensor<T>& x, const QuantGroups& G, std::vector<T>& lo, std::vector<T>& hi) {
-  lo.assign(static_cast<std::size_t>(G.count), T(0));
-  hi.assign(static_cast<std::size_t>(G.count), T(0));
+void group_ranges(const Tensor<T>& x, const QuantGroups& G, std::vector<T>& lo, std::vector<T>& hi,
+                  bool holds_zero = true) {
+  lo.assign(static_cast<std::size_t>(G.count), holds_zero ? T(0) : pos_inf<T>());
+  hi.assign(static_cast<std::size_t>(G.count), holds_zero ? T(0) : neg_inf<T>());
   for (index_t i = 0; i < x.size(); ++i) {
     const auto g = static_cast<std::size_t>(G.of(i));
     if (x[i] < lo[g]) lo[g] = x[i];
@@ -172,17 +180,22 @@ void group_ranges(const Tensor<T>& x, const QuantGroups& G, std::vector<T>& lo, 
   }
 }
 
-/// Scale and zero point of group g with range [lo, hi] (lo <= 0 <= hi) on the grid of p.
+/// Scale and zero point of group g with range [lo, hi] on the grid of p (lo <= 0 <= hi unless the
+/// scheme takes the group's own range).
 template <class T>
-void set_group_params(QuantParams<T>& p, std::size_t g, const T& lo, const T& hi) {
+void set_group_params(QuantParams<T>& p, std::size_t g, T lo, T hi) {
   if (p.scheme.symmetric) {
     const T amax = -lo > hi ? -lo : hi;
     p.scale[g] = amax > T(0) ? amax / p.code_max : T(1);
   } else {
+    if (!(hi > lo)) {  // zero width: widened to hold 0, so the constant is exact
+      if (lo > T(0)) lo = T(0);
+      if (hi < T(0)) hi = T(0);
+    }
     const T range = hi - lo;
     p.scale[g] = range > T(0) ? range / p.code_max : T(1);
     const T zp = round_half_even(-lo / p.scale[g]);
-    p.zero_point[g] = zp < T(0) ? T(0) : (zp > p.code_max ? p.code_max : zp);
+    p.zero_point[g] = !p.scheme.range_holds_zero ? zp : zp < T(0) ? T(0) : (zp > p.code_max ? p.code_max : zp);
   }
 }
 
@@ -205,7 +218,7 @@ QuantParams<T> minmax_quant_params(const Tensor<T>& x, const QuantScheme& s) {
   require_finite(x, "x");
   const detail::QuantGroups G = detail::quant_groups(s, x.shape());
   std::vector<T> lo, hi;
-  detail::group_ranges(x, G, lo, hi);
+  detail::group_ranges(x, G, lo, hi, s.range_holds_zero);
   const bool nonneg = *std::min_element(lo.begin(), lo.end()) >= T(0);
   return detail::params_from_ranges(s, x.shape(), lo, hi, nonneg);
 }
@@ -361,8 +374,8 @@ struct RunningMinMax {
   }
 
   /// Parameters of the current estimates for a tensor of `shape` under scheme s: each range is
-  /// widened to hold 0 (lo <- min(lo, 0), hi <- max(hi, 0)); the grid is unsigned where the
-  /// scheme asks for it and the estimated min is >= 0.
+  /// widened to hold 0 (lo <- min(lo, 0), hi <- max(hi, 0)) unless the scheme takes the group's
+  /// own range; the grid is unsigned where the scheme asks for it and the estimated min is >= 0.
   template <class T>
   QuantParams<T> params(const QuantScheme& s, const Shape& shape) const {
     OASIS_REQUIRE(batches > 0, "calibration", "no calibration batch has been seen");
@@ -372,8 +385,8 @@ struct RunningMinMax {
                   " range groups, the calibration had ", lo.size());
     std::vector<T> l(lo.size()), h(lo.size());
     for (std::size_t g = 0; g < lo.size(); ++g) {
-      l[g] = T(std::min(lo[g], 0.0));
-      h[g] = T(std::max(hi[g], 0.0));
+      l[g] = T(s.range_holds_zero ? std::min(lo[g], 0.0) : lo[g]);
+      h[g] = T(s.range_holds_zero ? std::max(hi[g], 0.0) : hi[g]);
     }
     return detail::params_from_ranges(s, shape, l, h, *std::min_element(lo.begin(), lo.end()) >= 0.0);
   }

@@ -20,7 +20,10 @@ namespace oasis {
 ///                  min-max ranges (momentum 0.9) from calibration batches
 ///   omniquant-rtn-W8A8 (also -W6A6, -W4A4)     OmniQuant's quantiser layout (Shao et al. 2024):
 ///                  asymmetric per-output-channel min-max weights, asymmetric per-token dynamic
-///                  activations; round-to-nearest ranges (no learned clipping or transformation)
+///                  activations; round-to-nearest on each group's own [min, max] (their Eq. 2;
+///                  no learned clipping or transformation)
+///   rtn0-W8A8 (also -W6A6, -W4A4)              the same layout with each range widened to hold 0
+///                  (QuantScheme::range_holds_zero; no paper's setting)
 inline WAQuantConfig wa_preset(std::string_view name) {
   const std::string n(name);
   auto bits_of = [&](std::string_view suffix) {
@@ -50,10 +53,15 @@ inline WAQuantConfig wa_preset(std::string_view name) {
   } else if (const int b3 = bits_of(strip("omniquant-rtn-", ""))) {
     c.weights = QuantScheme{b3, false, QuantGranularity::per_channel, 0};
     c.activations = QuantScheme{b3, false, QuantGranularity::per_token, 0};
+    c.weights.range_holds_zero = c.activations.range_holds_zero = false;
+  } else if (const int b4 = bits_of(strip("rtn0-", ""))) {
+    c.weights = QuantScheme{b4, false, QuantGranularity::per_channel, 0};
+    c.activations = QuantScheme{b4, false, QuantGranularity::per_token, 0};
   } else {
     OASIS_REQUIRE(false, "preset", "unknown quantisation preset '", n,
                   "' (expected W8A8-dynamic, W6A6-dynamic, W4A4-dynamic, bondarenko-W8A8, bondarenko-W6A6, "
-                  "bondarenko-W4A4, omniquant-rtn-W8A8, omniquant-rtn-W6A6 or omniquant-rtn-W4A4)");
+                  "bondarenko-W4A4, omniquant-rtn-W8A8, omniquant-rtn-W6A6, omniquant-rtn-W4A4, rtn0-W8A8, "
+                  "rtn0-W6A6 or rtn0-W4A4)");
   }
   return c;
 }

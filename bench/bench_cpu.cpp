@@ -219,7 +219,7 @@ void BM_Attention_fast(benchmark::State& st) { run_attention_fast(st, attn_input
 
 // Peaked rows (attention sinks, outlier logits): logits ~ N(0, 20^2), so that most weights of a
 // row lie below e^-87.3, where a float is subnormal and forming one costs a microcode assist on
-// Intel cores. The kernels carry the weights times 2^32 (fast_kernels_impl.inc, kWeightScale),
+// Intel cores. The kernels carry the weights times 2^32 (src/cpu_fast/kernels/common.inc, kWeightScale),
 // which keeps them normal: the rate should be close to BM_Attention_fast's (its row maxima move
 // more, so there are more rescales; docs/benchmarks.md, "Subnormal weights").
 void BM_Attention_fast_peaked(benchmark::State& st) {

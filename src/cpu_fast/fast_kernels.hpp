@@ -1,9 +1,10 @@
 // src/cpu_fast/fast_kernels.hpp — internal interface of the fast CPU kernels.
 //
-// The kernels are written once (fast_kernels_impl.inc) over a GCC/Clang vector type of W float
-// lanes and compiled three times, each under its own target region: avx512 (W = 16), avx2+fma
-// (W = 8) and the x86-64 / portable baseline (W = 4). select_kernels() picks the widest one the
-// CPU supports at run time (cpu_fast::set_isa overrides it, e.g. for tests of every variant).
+// The kernels are written once, one file per op (kernels/*.inc: common, gemm, forward, backward,
+// route; table.inc lists them), over a GCC/Clang vector type of W float lanes and compiled three
+// times, each under its own target region: avx512 (W = 16), avx2+fma (W = 8) and the x86-64 /
+// portable baseline (W = 4) (fast_kernels_<isa>.cpp). dispatch.cpp picks the widest one the CPU
+// supports at run time (cpu_fast::set_isa overrides it, e.g. for tests of every variant).
 // Only this file's own functions are compiled for a wider ISA; every standard or Eigen header is
 // included before a target region starts, so no inline function of a shared header is ever
 // emitted with instructions that another translation unit does not expect.
@@ -27,9 +28,8 @@ inline constexpr idx kQueryTile = 64;       ///< query rows per task
 /// Keys per tile of the forward (the kernel's and the key packing's): 128 when d_h and d_v are at most 64, else
 /// 64 (a tile's key panel and value rows, KT (d_h + d_v) floats, stay within 64 KB). Twice
 /// the keys halve the per-tile work of each row (tile maximum, rescale, state update, the output
-/// accumulator's loads and stores in the P V product); measured on an AVX-512 core at T = 1024,
-/// 4 % faster for heads of 64 and 3 to 8 % slower for heads of 128 (docs/benchmarks.md,
-/// "What is left at T = 1024").
+/// accumulator's loads and stores in the P V product), which pays for heads of 64 and not for
+/// heads of 128 (docs/benchmarks.md, "What is left at T = 1024").
 inline constexpr idx forward_key_tile(idx d_h, idx d_v) {
   return d_h <= 64 && d_v <= 64 ? kKeyTileNarrow : kKeyTile;
 }
@@ -133,14 +133,14 @@ struct Kernels {
   /// and the block's probabilities are not written: the caller throws ("scores") on a NaN LSE. A
   /// visible -inf score is a masked key, as in the reference.
   void (*attention_block)(const AttnBlock& a);
-  /// The attention backward of one task (BwdBlock; algorithm in fast_kernels_impl.inc).
+  /// The attention backward of one task (BwdBlock; algorithm in kernels/backward.inc).
   void (*attention_backward_block)(const BwdBlock& a);
   /// For ntok consecutive tokens j: h[j*d + c] = sum_{i<n} alpha[j*n + i] * src[i*stride + j*d + c]
   /// (c < d), summed in the order i = 0..n-1 with a separate multiply and add (bitwise the
   /// reference's arithmetic), its sources streamed as `m` says; `more`: the caller mixes the
   /// tokens that follow next (their rows may be prefetched). Returns false if an element of h is
   /// not finite: always when a source element is not finite (with finite weights; see the mixing
-  /// in fast_kernels_impl.inc), and also when a sum of finite terms overflows.
+  /// in kernels/route.inc), and also when a sum of finite terms overflows.
   bool (*mix)(const float* src, idx stride, const float* alpha, idx n, idx d, idx ntok, float* h, MixStreams m,
               bool more);
 };
@@ -150,7 +150,9 @@ const Kernels& kernels_generic();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
 #endif
-/// The variant the fast backend runs now (cpu_fast::isa(), cpu_fast::set_isa; backend_cpu_fast.cpp).
+/// The variant the fast backend runs now (cpu_fast::isa(), cpu_fast::set_isa; dispatch.cpp).
 const Kernels& active_kernels();
+/// The depth mixing's streaming in use (cpu_fast::route_streams(), cpu_fast::set_route_streams; dispatch.cpp).
+MixStreams active_streams();
 
 }  // namespace oasis::fast

@@ -1,4 +1,4 @@
-// src/cpu_fast/fast_kernels_avx2.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx2.
+// src/cpu_fast/fast_kernels_avx2.cpp — the fast CPU kernels (kernels/*.inc) compiled for avx2.
 // The target region starts after every include; see fast_kernels.hpp.
 #include "fast_kernels.hpp"
 
@@ -34,7 +34,7 @@ static inline __attribute__((always_inline)) float hsum(V a) {
 }
 constexpr int MR = 4, NC = 3;
 #define ISA_NAME "avx2"
-#include "fast_kernels_impl.inc"
+#include "kernels/table.inc"
 #undef ISA_NAME
 #undef OASIS_FAST_ISA_MINMAX
 }  // namespace oasis::fast::avx2_impl

@@ -1,4 +1,4 @@
-// src/cpu_fast/fast_kernels_avx512.cpp — the fast CPU kernels (fast_kernels_impl.inc) compiled for avx512.
+// src/cpu_fast/fast_kernels_avx512.cpp — the fast CPU kernels (kernels/*.inc) compiled for avx512.
 // The target region starts after every include; see fast_kernels.hpp.
 #include "fast_kernels.hpp"
 
@@ -35,7 +35,7 @@ static inline __attribute__((always_inline)) V scale_pow2_where_not_below(V p, V
 }
 constexpr int MR = 4, NC = 4;
 #define ISA_NAME "avx512"
-#include "fast_kernels_impl.inc"
+#include "kernels/table.inc"
 #undef ISA_NAME
 #undef OASIS_FAST_ISA_MINMAX
 #undef OASIS_FAST_ISA_SCALE_POW2

@@ -1,4 +1,4 @@
-// src/cpu_fast/fast_kernels_generic.cpp — the fast CPU kernels (fast_kernels_impl.inc) for the
+// src/cpu_fast/fast_kernels_generic.cpp — the fast CPU kernels (kernels/*.inc) for the
 // baseline ISA (SSE2 on x86-64; whatever 16-byte vectors the target has elsewhere). No fused
 // multiply-add: vfma is a multiply and an add.
 #include "fast_kernels.hpp"
@@ -11,7 +11,7 @@ static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return a * 
 static inline __attribute__((always_inline)) V splat(float x) { return V{x, x, x, x}; }
 constexpr int MR = 4, NC = 2;
 #define ISA_NAME "generic"
-#include "fast_kernels_impl.inc"
+#include "kernels/table.inc"
 #undef ISA_NAME
 }  // namespace oasis::fast::generic_impl
 

@@ -4,8 +4,8 @@
 // fast path needs beyond the one-call API:
 //  * *_into functions that write into a caller-owned result and reuse its buffers when the shape
 //    matches, so a loop that calls attention repeatedly does not pay the first-touch page faults
-//    of fresh output tensors on every call (about 13 us per 4 KiB page on the project machines);
-//    the packing and per-thread workspaces are thread_local and grow only, so they are reused too;
+//    of fresh output tensors on every call (docs/benchmarks.md, "Workspaces"); the packing and
+//    per-thread workspaces are thread_local and grow only, so they are reused too;
 //  * the instruction-set variant in use (avx512, avx2, generic), chosen at run time, and a way to
 //    force a narrower one (tests run every variant the CPU supports);
 //  * the vectorised exponential the kernels use, so its error can be measured.

@@ -1,7 +1,7 @@
 // oasis/ops/online_softmax.hpp — one row of token attention as a fused kernel streams it: the keys the
 // row sees, and the online softmax with a null category (docs/spec.md §1, §2, §8). Host and device code:
 // the reference's masks (oasis/ops/attention.hpp visible_range), the fast CPU kernels' per-row state
-// (src/cpu_fast/fast_kernels_impl.inc) and the CUDA kernels (src/cuda/attention.cu) call these
+// (src/cpu_fast/kernels/forward.inc) and the CUDA kernels (src/cuda/attention.cu) call these
 // functions; this header needs nothing but <cmath>, so nvcc and the CPU kernels' translation
 // units include it as it is.
 //

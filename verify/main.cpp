@@ -207,7 +207,7 @@ int cmd_compare(const std::vector<std::string>& args) {
 
 // The OpenMP runtime's default wait policy lets idle workers spin after each parallel region; the
 // selfcheck and compare run many small regions, and on a busy machine the spinning workers take
-// the cores the work needs (an order of magnitude slower on two loaded cores). libgomp reads
+// the cores the work needs (measurements: docs/benchmarks.md, "Two threads"). libgomp reads
 // OMP_WAIT_POLICY once, when it is loaded, so the tool sets it to passive by re-executing itself
 // once, before any work; a value the user set is kept.
 static void prefer_passive_openmp_waiting(char** argv) {

@@ -206,7 +206,7 @@ std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt) {
       return rows;
     }});
   }
-  // Parity runs a few instances: each needs the mp50 oracle (about 0.1-0.5 s per instance).
+  // Parity runs a few instances: each needs the mp50 oracle, the costly part of the selfcheck.
   const int parity_instances = opt.instances > 0 ? std::min(opt.instances, 4) : 2;
   for (const auto& c : attention_cases())
     for (Backend b : backends)

@@ -10,7 +10,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
-#include "engine.hpp"  // src/verify: Options, parse_depth_options, parse_kinds
+#include "op_options.hpp"  // src/verify: Options, parse_depth_options, parse_kinds
 #include "oasis/oasis.hpp"
 
 namespace oasis::python {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "engine.hpp"
+#include "op_support.hpp"
 #include "oasis/model/model.hpp"
 #include "oasis/model/wiring.hpp"
 

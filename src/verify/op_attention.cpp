@@ -7,7 +7,7 @@
 #include <map>
 
 #include "attention_oracle.hpp"
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {
@@ -86,17 +86,6 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
   return chk.add(flat_of(c, r, t.kind, e), ref,
                  allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho));
-}
-
-/// A boolean mask tensor (1 = visible, 0 = masked) as the additive bias 0 / -inf.
-Tensor<double> mask_to_bias(const StoredTensor& m) {
-  Tensor<double> b(m.values.shape());
-  for (index_t i = 0; i < b.size(); ++i) {
-    const double x = m.values[i];
-    OASIS_REQUIRE(x == 0.0 || x == 1.0, "mask", "must hold 1 (visible) or 0 (masked); entry ", i, " is ", x);
-    b[i] = x == 1.0 ? 0.0 : -std::numeric_limits<double>::infinity();
-  }
-  return b;
 }
 
 std::string row_label(const AttnCall& c, index_t row) {
@@ -252,42 +241,6 @@ CompareReport run(const OpCall& call) {
 }
 
 }  // namespace
-
-/// The op's AttentionOptions from its options and its optional input tensors null_logits, bias
-/// and mask (mask: 1 visible / 0 masked, added to the bias as 0 / -inf).
-AttentionOptions attention_call_options(const Options& o, const TensorMap& in) {
-  AttentionOptions a;
-  a.normalizer = token_normalizer(o, "normalizer");
-  a.causal = o.boolean("causal", false);
-  a.key_lengths = o.integers("key_lengths");
-  a.null_logits = o.numbers("null_logits");
-  if (const StoredTensor* nl = maybe(in, "null_logits")) {
-    OASIS_REQUIRE(a.null_logits.empty(), "null_logits", "given both as input tensor and as option");
-    OASIS_REQUIRE(nl->values.rank() == 1, "null_logits", "input tensor must have shape [H], got ", shape_str(nl->values.shape()));
-    a.null_logits = nl->values.storage();
-  }
-  if (o.has("scale")) a.scale = o.number("scale", 1.0);
-  if (o.has("window")) {
-    const double wv = o.number("window", 0.0);
-    OASIS_REQUIRE(wv >= 0 && wv == std::floor(wv) && wv < 9.0e15, "window", "must be a non-negative integer (0: none), got ", wv);
-    a.window = static_cast<index_t>(wv);
-  }
-  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
-  const StoredTensor* bias = maybe(in, "bias");
-  const StoredTensor* mask = maybe(in, "mask");
-  if (bias) a.bias = bias->values;
-  if (mask) {
-    const Tensor<double> mb = mask_to_bias(*mask);
-    if (!bias) {
-      a.bias = mb;
-    } else {
-      OASIS_REQUIRE(mb.shape() == a.bias.shape(), "mask", "shape ", shape_str(mb.shape()), " differs from bias ",
-                    shape_str(a.bias.shape()), " (give both with the same shape, or one of them)");
-      for (index_t i = 0; i < mb.size(); ++i) a.bias[i] += mb[i];
-    }
-  }
-  return a;
-}
 
 OpSpec attention_op() {
   OpSpec s{"attention",

@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -20,9 +20,9 @@ CompareReport run(const OpCall& c) {
   if (dlse) (void)need(in, "grad_lse", op);
   if (dpn) (void)need(in, "grad_p_null", op);
   AttentionOptions a = attention_call_options(c.options, in);
-  OASIS_REQUIRE(!out.count("grad_null_logits") || a.normalizer == RowNorm::softmax1, "outputs",
+  OASIS_REQUIRE(!out.count("grad_null_logits") || a.normalizer == RowNorm::softmax1, "grad_null_logits",
                 "grad_null_logits given but the normaliser is softmax (no null logit)");
-  OASIS_REQUIRE(!out.count("grad_bias") || !a.bias.empty(), "outputs", "grad_bias given but the inputs hold no bias");
+  OASIS_REQUIRE(!out.count("grad_bias") || !a.bias.empty(), "grad_bias", "grad_bias given but the inputs hold no bias");
   a.return_probs = true;  // the bounds need the exact probabilities
   auto cot = [&](auto tag) {
     using T = decltype(tag);

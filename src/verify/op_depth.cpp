@@ -5,51 +5,12 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis/ops/prob_bounds.hpp"
 
 namespace oasis::verify::detail {
-
-std::vector<SourceKind> parse_kinds(const Options& o, index_t n) {
-  std::vector<std::string> names = o.strings("kinds");
-  std::vector<SourceKind> kinds;
-  if (names.empty()) {  // default: the embedding, then attention sublayers
-    for (index_t i = 0; i < n; ++i) kinds.push_back(i == 0 ? SourceKind::initial : SourceKind::attention);
-    return kinds;
-  }
-  OASIS_REQUIRE(static_cast<index_t>(names.size()) == n, "kinds", "has ", names.size(), " entries, the inputs have n = ",
-                n, " candidates");
-  for (const auto& s : names) {
-    if (s == "initial") kinds.push_back(SourceKind::initial);
-    else if (s == "attention") kinds.push_back(SourceKind::attention);
-    else if (s == "headless") kinds.push_back(SourceKind::headless);
-    else throw invalid_argument("kinds", "unknown source kind '" + s + "' (expected initial, attention or headless)");
-  }
-  return kinds;
-}
-
-const std::vector<std::string> kDepthOptionKeys = {"kinds", "centring", "headless", "theta", "beta", "beta_max",
-                                                   "score_clamp", "profile", "normalizer", "coupling"};
-
-DepthOptions parse_depth_options(const Options& o, bool coupling_default) {
-  DepthOptions d;
-  const std::string profile = o.string("profile", "paper_v2");
-  if (profile == "authors_code") d.coupling_options = CouplingOptions::authors_code();
-  else OASIS_REQUIRE(profile == "paper_v2", "profile", "must be paper_v2 or authors_code");
-  if (o.has("centring")) d.coupling_options.centring = parse_centring(o.string("centring", ""));
-  if (o.has("headless")) d.coupling_options.headless = parse_headless_rule(o.string("headless", ""));
-  d.coupling_options.beta_max = o.number("beta_max", d.coupling_options.beta_max);
-  d.coupling_options.score_clamp = o.number("score_clamp", d.coupling_options.score_clamp);
-  OASIS_REQUIRE(d.coupling_options.beta_max >= 0, "beta_max", "must be >= 0");
-  OASIS_REQUIRE(d.coupling_options.score_clamp > 0, "score_clamp", "must be > 0");
-  d.theta = o.number("theta", d.theta);
-  if (o.has("beta")) d.beta = o.number("beta", 0);
-  d.normalizer = token_normalizer(o, "normalizer");
-  d.coupling = o.boolean("coupling", coupling_default);
-  return d;
-}
 
 namespace {
 
@@ -277,7 +238,7 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
   const Tensor<double>* psi = nullptr;
   if (const StoredTensor* p = maybe(in, "psi")) psi = &p->values;
   else {
-    OASIS_REQUIRE(!dopt.coupling, "inputs", "op ", op, " with coupling needs input tensor 'psi' [n, N]");
+    OASIS_REQUIRE(!dopt.coupling, "psi", "op ", op, " with coupling needs input tensor 'psi' [n, N]");
     psi_zero = Tensor<double>(Shape{n, N});
     psi = &psi_zero;
   }

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -22,7 +22,7 @@ CompareReport run(const OpCall& c) {
   const DepthOptions d = parse_depth_options(c.options, true);
   Tensor<double> psi(Shape{n, N});
   if (const StoredTensor* p = maybe(in, "psi")) psi = need(in, "psi", op).values;
-  else OASIS_REQUIRE(!d.coupling, "inputs", "op ", op, " with coupling needs input tensor 'psi' [n, N]");
+  else OASIS_REQUIRE(!d.coupling, "psi", "op ", op, " with coupling needs input tensor 'psi' [n, N]");
   const std::vector<SourceKind> kinds = parse_kinds(c.options, n);
   auto cot = [&](auto tag) {
     using T = decltype(tag);

@@ -34,7 +34,7 @@
 #include <memory>
 #include <set>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "model_checker.hpp"
 #include "op_model_grad.hpp"
 #include "oasis/io/safetensors.hpp"
@@ -83,7 +83,7 @@ double store_f16(double x) { return io::round_to_dtype(x, DType::f16); }
 /// Token ids [B, T]: exact integers in [0, vocab) in any dtype (i32, i64 or a float dtype).
 std::vector<index_t> read_ids(const TensorMap& inputs, index_t vocab, index_t& B, index_t& Tn) {
   const auto it = inputs.find("ids");
-  OASIS_REQUIRE(it != inputs.end(), "inputs", "op model needs input tensor 'ids' [B, T] (token ids; the inputs hold: ",
+  OASIS_REQUIRE(it != inputs.end(), "ids", "op model needs input tensor 'ids' [B, T] (token ids; the inputs hold: ",
                 names_of(inputs), ")");
   const Tensor<double>& idt = it->second.values;
   require_rank(idt, 2, "ids", "[B, T]");
@@ -259,7 +259,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
     Tensor<double> xd;  // the double replay
     {
       om::ForwardResult<double> hd;
-      bool bounded = !cfg.gated_attention && !cfg.prefix_sink;
+      bool bounded = cfg.forward_bound_derived();
       if (bounded) {
         om::ForwardOptions fh;
         fh.error_u = kU53;
@@ -356,7 +356,7 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
       // set when one file holds both: op_model_grad.cpp checks their names
       if ((is_model_gradient_name(name) && outputs.count(name)) || (name == "grad_logits" && inputs.count(name)))
         continue;
-      OASIS_REQUIRE(ck.shape_of(name), set == &inputs ? "inputs" : "outputs", unknown_name_message(name, ck));
+      OASIS_REQUIRE(ck.shape_of(name), name, unknown_name_message(name, ck));
       OASIS_REQUIRE(!io::is_integer(t.dtype), name, "is an integer tensor (", io::to_string(t.dtype),
                     "); only ids may be integers, trace tensors are floating point");
     }

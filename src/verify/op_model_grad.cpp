@@ -23,7 +23,7 @@
 #include <map>
 #include <sstream>
 
-#include "engine.hpp"
+#include "op_support.hpp"
 #include "oasis/grad/model_backward.hpp"
 
 namespace oasis::verify::detail {

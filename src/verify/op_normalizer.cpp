@@ -2,7 +2,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/ops/prob_bounds.hpp"
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"

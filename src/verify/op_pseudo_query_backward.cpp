@@ -3,7 +3,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -16,7 +16,7 @@ CompareReport run(const OpCall& c) {
   const StoredTensor &src = need(in, "sources", op), &w = need(in, "w", op), &dg = need(in, "grad_g", op);
   Tensor<double> gain;
   if (maybe(in, "gain")) gain = need(in, "gain", op).values;
-  OASIS_REQUIRE(!out.count("grad_gain") || !gain.empty(), "outputs", "grad_gain given but the inputs hold no gain");
+  OASIS_REQUIRE(!out.count("grad_gain") || !gain.empty(), "grad_gain", "grad_gain given but the inputs hold no gain");
   KeyNormOptions k;
   k.eps = c.options.number("eps", k.eps);
   k.compute_in_float32 = c.options.boolean("compute_in_float32", false);

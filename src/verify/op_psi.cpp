@@ -2,8 +2,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
-#include "oasis/ops/error_bounds.hpp"
+#include "ops.hpp"
 #include "oasis/oasis.hpp"
 
 namespace oasis::verify::detail {
@@ -29,14 +28,10 @@ CompareReport run(const OpCall& c) {
     Tk = pr.values.dim(3);
     psi = null_statistic_from_mass(pr.values.cast<mp50>());
   }
-  // psi = (1/H) sum_h p_null_h: H - 1 additions of non-negative terms and one division, each
-  // rounding relative u: |err| <= H u psi. The mass estimator first forms 1 - sum_j p_j per head
-  // (Tk additions of terms summing to <= 1, one subtraction): absolute (Tk + 1) u per head.
   PlainBounds bounds([&](bool wide) {
     const double u = wide ? unit_roundoff(DType::f64) : unit_roundoff(DType::f32);
     Tensor<double> b(psi.shape());
-    for (index_t i = 0; i < b.size(); ++i)
-      b[i] = bounds::kSecondOrder * (static_cast<double>(H) * u * static_cast<double>(psi[i]) + static_cast<double>(Tk + (Tk ? 1 : 0)) * u);
+    for (index_t i = 0; i < b.size(); ++i) b[i] = psi_bound(u, H, Tk, static_cast<double>(psi[i]));
     return BoundMap{{"psi", b}};
   });
   CompareReport rep;

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine.hpp"
+#include "ops.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -30,7 +30,7 @@ CompareReport run(const OpCall& c) {
       return BoundMap{{"grad_p_null", wide ? bounds::null_statistic_backward_bounds(as<double>(dpsi), H)
                                            : bounds::null_statistic_backward_bounds(as<float>(dpsi), H)}};
     });
-    OASIS_REQUIRE(!out.count("grad_probs"), "outputs", "grad_probs belongs to estimator mass");
+    OASIS_REQUIRE(!out.count("grad_probs"), "grad_probs", "grad_probs belongs to estimator mass");
     compare_outputs(rep, out, {{"grad_p_null", &ref}}, bounds, c.compare);
     return rep;
   }
@@ -53,7 +53,7 @@ CompareReport run(const OpCall& c) {
     }
     return BoundMap{{"grad_probs", b}};
   });
-  OASIS_REQUIRE(!out.count("grad_p_null"), "outputs", "grad_p_null belongs to estimator p_null");
+  OASIS_REQUIRE(!out.count("grad_p_null"), "grad_p_null", "grad_p_null belongs to estimator p_null");
   compare_outputs(rep, out, {{"grad_probs", &ref}}, bounds, c.compare);
   return rep;
 }

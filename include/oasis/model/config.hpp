@@ -147,6 +147,9 @@ struct ModelConfig {
   }
   RowNorm token_norm() const { return token_normalizer ? *token_normalizer : variant_spec(variant).token; }
   bool attn_res() const { return variant_spec(variant).attn_res; }
+  /// Whether the forward error rules (layers.hpp, router.hpp) are derived for this configuration:
+  /// not for gated attention or the prefix sink.
+  bool forward_bound_derived() const { return !gated_attention && !prefix_sink; }
 
   /// The authors' published configuration: their router, centring, clamps and psi estimator.
   static ModelConfig authors_profile() { return authors_profile(ModelConfig{}); }

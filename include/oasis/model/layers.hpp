@@ -40,6 +40,8 @@ struct ErrorModel {
   bool on() const { return u > 0; }
   /// gamma_n = n u / (1 - n u) (Higham, Lemma 3.1).
   double gamma(double n) const { return n * u / (1.0 - n * u); }
+  /// Bound of a mean of n values (summed left to right, then divided) from the sum of their bounds.
+  double mean_error(double e_sum, double n, double mean) const { return e_sum / n + (n + 1) * u * mean; }
 };
 
 /// Row-major activations [N, w] with optional per-row error bounds.
@@ -368,6 +370,14 @@ void attention_projections(const Rows<T>& h, index_t Tn, index_t pos0, const Att
   attention_projections(h, Tn, pos0, W, cfg, em, q, k, v, nullptr, static_cast<Rows<T>*>(nullptr));
 }
 
+/// The token attention of attention_core: the configuration's token normaliser, causal, scale 1/sqrt(d_h).
+inline AttentionOptions core_attention_options(const ModelConfig& cfg) {
+  AttentionOptions opt;
+  opt.normalizer = cfg.token_norm();
+  opt.causal = true;
+  return opt;
+}
+
 /// Causal token attention of the q rows over the cache plus the Tn new k, v rows (appended to the
 /// cache); per-head outputs merged to rows [N, H dh] (before W_o), p_null, LSE, psi.
 /// Error rule per (b, h, t), keys j visible:
@@ -394,9 +404,7 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
       for (index_t t = 0; t < Tn; ++t)
         for (index_t c = 0; c < dh; ++c) qh(b, hh, t, c) = q.x(b * Tn + t, hh * dh + c);
 
-  AttentionOptions opt;
-  opt.normalizer = cfg.token_norm();
-  opt.causal = true;
+  AttentionOptions opt = core_attention_options(cfg);
   opt.return_probs = cfg.psi_estimator == PsiEstimator::mass_deficit || em.on() || keep_probs;
   OASIS_REQUIRE((sink_k == nullptr) == (sink_v == nullptr), "sink_v", "the prefix sink needs both key and value");
   OASIS_REQUIRE(!sink_k || !em.on(), "error_u", "no forward error bound is derived for the prefix sink");
@@ -470,8 +478,7 @@ AttentionSublayer<T> attention_core(Rows<T> q, Rows<T> k, Rows<T> v, index_t B, 
                          ? pn * Dz + (rho + em.gamma(static_cast<double>(m))) * (1.0 - pn) + em.u
                          : pn * (Dz + rho);
         }
-        r.e_psi[static_cast<std::size_t>(row)] =
-            psi_err / static_cast<double>(H) + static_cast<double>(H + 1) * em.u * to_double(r.psi(b, t));
+        r.e_psi[static_cast<std::size_t>(row)] = em.mean_error(psi_err, static_cast<double>(H), to_double(r.psi(b, t)));
       }
   }
   r.heads = std::move(merged);

@@ -290,6 +290,14 @@ class Model {
     static const Tensor<T> none;
     return cfg_.key_norm_gain ? param(router + ".key_norm.weight") : none;
   }
+  /// The router with parameter prefix `router` on its candidates: the configured family's logits
+  /// with its parameters (authors_route, else kimi_route), then couple, normalise and mix.
+  RouteResult<T> route(const std::string& router, const std::vector<const DepthSource<T>*>& c, const ErrorModel& em) const {
+    if (cfg_.router == RouterFamily::authors_code)
+      return authors_route(c, param(router + ".q_proj.weight"), param(router + ".k_proj.weight"),
+                           param(router + ".recency_bias")[0], theta_of(router), cfg_, em);
+    return kimi_route(c, param(router + ".query"), gain_of(router), theta_of(router), cfg_, em);
+  }
   /// Weights of the attention sublayer of block b.
   AttentionWeights<T> attn_weights(index_t b) const {
     const std::string L = "layers." + std::to_string(b);
@@ -365,7 +373,7 @@ template <class T> Tensor<T> flat_psi(const Tensor<T>& psi) { return psi.reshape
 /// The psi a router reads from a candidate: the mean of the branch psi of the attention
 /// sublayers psi_from (summed left to right, then divided; one branch: its psi exactly; none:
 /// zeros, the embedding's), rounded by the storage rounding when it is a mean of several; its
-/// error bound e_sum / n + (n + 1) u psi for n > 1.
+/// error bound the sum of the branches' bounds, ErrorModel::mean_error for n > 1.
 template <class T>
 void candidate_psi(DepthSource<T>& c, const std::vector<index_t>& psi_from, const std::vector<Tensor<T>>& branch_psi,
                    const std::vector<std::vector<double>>& branch_e_psi, index_t N, const ErrorModel& em, StoreFn store) {
@@ -379,10 +387,10 @@ void candidate_psi(DepthSource<T>& c, const std::vector<index_t>& psi_from, cons
   const std::size_t n = psi_from.size();
   if (n == 0) return;
   for (index_t t = 0; t < N; ++t) c.psi[t] = c.psi[t] / T(static_cast<double>(n));
-  if (n > 1) store_values(c.psi, store);
+  if (n == 1) return;
+  store_values(c.psi, store);
   for (std::size_t t = 0; t < c.e_psi.size(); ++t)
-    c.e_psi[t] = c.e_psi[t] / static_cast<double>(n) +
-                 (n > 1 ? static_cast<double>(n + 1) * em.u * to_double(c.psi[static_cast<index_t>(t)]) : 0.0);
+    c.e_psi[t] = em.mean_error(c.e_psi[t], static_cast<double>(n), to_double(c.psi[static_cast<index_t>(t)]));
 }
 
 }  // namespace detail
@@ -395,7 +403,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   OASIS_REQUIRE(x0.n() == B * Tn && x0.w() == cfg_.d_model, "x", "rows ", shape_str(x0.x.shape()),
                 " are not [B * T, d] = [", B * Tn, ", ", cfg_.d_model, "]");
   OASIS_REQUIRE(opt.error_u >= 0 && opt.error_u < 1e-2, "error_u", "unit roundoff must lie in [0, 1e-2), got ", opt.error_u);
-  OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && !cfg_.gated_attention && !cfg_.prefix_sink && !opt.store), "error_u",
+  OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && cfg_.forward_bound_derived() && !opt.store), "error_u",
                 "no forward error bound is derived with fake quantisation, storage rounding, gated attention or the prefix sink");
   const ErrorModel em{opt.error_u};
   const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs, opt.store};
@@ -463,11 +471,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
         }
         cands.push_back(&slot[j]);
       }
-      const std::string& P = R.params;
-      RouteResult<T> r = cfg_.router == RouterFamily::authors_code
-                             ? authors_route(cands, param(P + ".q_proj.weight"), param(P + ".k_proj.weight"),
-                                             param(P + ".recency_bias")[0], theta_of(P), cfg_, em)
-                             : kimi_route(cands, param(P + ".query"), gain_of(P), theta_of(P), cfg_, em);
+      RouteResult<T> r = route(R.params, cands, em);
       store_values(r.h.x, store);
       if (opt.trace) {
         const index_t e = schedule_.router_trace[k];

@@ -59,7 +59,7 @@ template <class T, class R>
 std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>& reference, const std::vector<index_t>& ids,
                                           index_t B, index_t Tn, double slack = 1.02) {
   const ModelConfig& c = model.config();
-  OASIS_REQUIRE(!c.gated_attention && !c.prefix_sink, "model",
+  OASIS_REQUIRE(c.forward_bound_derived(), "model",
                 "stepwise precision needs the forward error bounds, which are not derived for gated attention "
                 "or the prefix sink");
   const index_t N = B * Tn, d = c.d_model;
@@ -86,12 +86,7 @@ std::vector<StepCheck> stepwise_precision(const Model<T>& model, const Model<R>&
         s.e_psi.assign(static_cast<std::size_t>(N), 0.0);
         ptr.push_back(&s);
       }
-      const std::string& Rn = router_params[l];
-      const RouteResult<R> ref =
-          c.router == RouterFamily::authors_code
-              ? authors_route(ptr, reference.param(Rn + ".q_proj.weight"), reference.param(Rn + ".k_proj.weight"),
-                              reference.param(Rn + ".recency_bias")[0], reference.theta_of(Rn), c, em)
-              : kimi_route(ptr, reference.param(Rn + ".query"), reference.gain_of(Rn), reference.theta_of(Rn), c, em);
+      const RouteResult<R> ref = reference.route(router_params[l], ptr, em);
       out.push_back(detail::compare_rows(tr.name + " routed", tr.routed, ref.h.x, ref.h.e, d, slack));
     }
     if (tr.kind == SublayerKind::attention) {

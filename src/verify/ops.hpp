@@ -1,0 +1,31 @@
+// src/verify/ops.hpp — the ops of the compare engine: each op file src/verify/op_<name>.cpp
+// defines one function returning its OpSpec (op_support.hpp), and the registry (op_specs() in
+// engine.cpp) lists them. To add an op: write its file, declare its function here and list it
+// in op_specs().
+#pragma once
+
+#include <string>
+
+#include "op_support.hpp"
+
+namespace oasis::verify::detail {
+
+OpSpec normalizer_op();
+OpSpec attention_op();
+OpSpec psi_op();
+OpSpec coupling_op();
+OpSpec depth_op();
+OpSpec pseudo_query_op();
+OpSpec attention_backward_op();
+OpSpec psi_backward_op();
+OpSpec depth_backward_op();
+OpSpec pseudo_query_backward_op();
+
+/// The model level (op_model.cpp): `weights_file` holds the model and its configuration; or the
+/// configuration and the weights in memory.
+CompareReport run_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& outputs,
+                        const CompareOptions& opt);
+CompareReport run_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
+                        const TensorMap& outputs, const CompareOptions& opt);
+
+}  // namespace oasis::verify::detail

@@ -15,6 +15,9 @@ namespace om = oasis::model;
 using oasis::index_t;
 using oasis::Variant;
 
+/// Every router family.
+inline const std::vector<om::RouterFamily> kRouters = {om::RouterFamily::kimi_full, om::RouterFamily::kimi_block,
+                                                       om::RouterFamily::authors_code};
 
 inline om::ModelConfig tiny(Variant v, om::RouterFamily r, index_t blocks = 2) {
   om::ModelConfig c;

@@ -56,6 +56,7 @@ void check_rows(const AttentionShape& s, const AttentionOptions& opt, const Atte
 void attention_impl(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const AttentionOptions& opt, AttentionResult<float>& r,
                     cpu_fast::AttentionRowState* state) {
+  require_finite_null_logits(opt, "cpu_fast");
   if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) {
     // The fused kernel is an online softmax; the other normalisers of the library (the paper's
     // baselines: clipped softmax, sparse maps) need the whole row, so they run the reference.

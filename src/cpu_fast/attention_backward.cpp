@@ -134,6 +134,7 @@ void check_forward(const AttentionShape& s, const AttentionOptions& opt, const A
 AttentionShape check_and_pack_backward_inputs(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                               const AttentionOptions& opt) {
   const AttentionShape s = check_attention_shapes(q, k, v, opt);
+  require_finite_null_logits(opt, "cpu_fast");
   if (!pack_backward_inputs(q, k, v, opt)) require_finite_inputs(q, k, v);
   return s;
 }

@@ -145,6 +145,7 @@ void set_bias_strides(AttentionLaunch& a, const Shape& bias, const AttentionShap
 }
 
 DeviceAttentionOptions set_attention_options(AttentionLaunch& a, const AttentionShape& s, const AttentionOptions& opt) {
+  require_finite_null_logits(opt, "cuda");
   std::vector<float> nulls(opt.null_logits.begin(), opt.null_logits.end());  // T(s) with T = float
   std::vector<int> lens(opt.key_lengths.begin(), opt.key_lengths.end());
   std::vector<float> bias(static_cast<std::size_t>(opt.bias.size()));  // T(b) with T = float

@@ -19,9 +19,10 @@ index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 /// The per-key and per-row pieces of a row whose reference p, lse, p_null are set: from the scores
 /// (dot = <q, k_j>, Q = sum_c |q_c k_jc|, the bias) the worst-case row bound at u = 1 and the
 /// probabilistic row model. Fills r.p_wc, lse_wc, p_null_wc, p_R, lse_R, p_null_R, masked and the
-/// mixing weights w (p^2 kappa^2) of every key.
+/// mixing weights w (p^2 kappa^2) of every key; last, the LSE turns into the call's convention
+/// (an exact row's keys-only LSE in mp50: keys_mp).
 void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias,
-                std::vector<double>& w, bounds::ProbRow& pr) {
+                std::vector<double>& w, bounds::ProbRow& pr, const mp50* keys_mp = nullptr) {
   const index_t m = r.m();
   thread_local std::vector<double> z, zc, zeta2;  // reused row buffers
   z.resize(static_cast<std::size_t>(m));
@@ -54,6 +55,16 @@ void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* 
   r.p_R = pr.p;
   r.lse_R = pr.lse;
   r.p_null_R = pr.p_null;
+  if (!c.lse.is_default()) {
+    LseRow lr{r.lse, r.lse_mp, r.exact, r.lse_wc, r.lse_R};
+    to_convention(c.lse, RowLogits{c.opt.normalizer, z.data(), zc.data(), zeta2.data(), m, s, c.scale * maxQ + maxz,
+                                   r.p.data(), r.p_null},
+                  keys_mp, lr);
+    r.lse = lr.value;
+    r.lse_mp = lr.value_mp;
+    r.lse_wc = lr.wc;
+    r.lse_R = lr.R;
+  }
   double rel_max = 0;
   for (index_t j = 0; j < m; ++j) rel_max = std::max(rel_max, b1.rel[static_cast<std::size_t>(j)]);
   r.rho = 4.0 * rel_max * unit_roundoff<double>() + 1e-9;
@@ -195,8 +206,9 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
         arg = j;
       }
     }
-    if (std::isinf(M)) {  // plain softmax with no visible key: the documented zero
-      row.lse = -kInf;
+    if (std::isinf(M)) {  // a +inf null logit: all on the null; else no term at all: the documented zero
+      row.lse = M;
+      row.p_null = M > 0 ? 1.0 : 0.0;
     } else {
       double rest = 0;
       for (index_t j = 0; j < m; ++j) {
@@ -295,9 +307,10 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
   const double s = c.null_logit(h);
   row.out_mp.assign(static_cast<std::size_t>(dv), mp50(0));
   row.p_mp.assign(static_cast<std::size_t>(m), mp50(0));
+  mp50 keys_mp(-kInf);  // the keys-only LSE (lse_convention.hpp)
   if (m == 0) {  // no visible key: Softmax1 puts everything on the null, plain softmax is the documented zero
     row.lse_mp = row.has_null ? mp50(s) : mp50(-kInf);
-    row.p_null_mp = row.has_null ? mp50(1) : mp50(0);
+    row.p_null_mp = row.has_null && s > -kInf ? mp50(1) : mp50(0);
   } else {
     Tensor<mp50> q1({1, 1, 1, dh}), k1({1, 1, m, dh}), v1({1, 1, m, dv});
     const double* qr = c.qrow(b, h, t);
@@ -322,6 +335,11 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
     for (index_t j = 0; j < m; ++j) row.p_mp[static_cast<std::size_t>(j)] = r.probs[j];
     row.lse_mp = r.lse[0];
     row.p_null_mp = r.p_null[0];
+    if (c.lse.keys_only && !keys_lse_from_probs(row.lse_mp, row.p_mp, keys_mp)) {  // a +inf null logit
+      o.normalizer = RowNorm::softmax;
+      o.null_logits.clear();
+      keys_mp = token_attention(q1, k1, v1, o).lse[0];
+    }
   }
   // double copies and the bound pieces
   row.out.resize(static_cast<std::size_t>(dv));
@@ -344,7 +362,7 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
     bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, t, row.kr.begin + j);
   }
   bounds::ProbRow pr;
-  row_pieces(c, row, dot.data(), Q.data(), bias.data(), w, pr);
+  row_pieces(c, row, dot.data(), Q.data(), bias.data(), w, pr, &keys_mp);
   row.rho = 0;
   row.G1.assign(static_cast<std::size_t>(dv), 0.0);
   row.V1 = row.absv = row.out_R = row.rho_out = row.err_out = row.G1;

@@ -18,6 +18,7 @@
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/core/multiprecision.hpp"
 #include "oasis/ops/prob_bounds.hpp"
+#include "lse_convention.hpp"
 
 namespace oasis::verify::detail {
 
@@ -30,6 +31,7 @@ struct AttnCall {
   AttentionShape s;
   double scale;                 ///< opt.scale or 1/sqrt(d_h) in double
   bool probs_needed = true;     ///< the bounds of the individual probabilities are computed
+  LseConvention lse;            ///< the convention of AttnRow::lse (lse_convention.hpp)
 
   AttnCall(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionOptions& o);
   index_t rows() const { return s.B * s.H * s.Tq; }
@@ -60,7 +62,7 @@ struct AttnRow {
   bool has_null = false;
   // reference (double; the mp50 values too when exact)
   std::vector<double> out, p;            ///< out[d_v]; p over kr (m)
-  double lse = 0, p_null = 0;
+  double lse = 0, p_null = 0;           ///< lse in the call's convention (AttnCall::lse)
   std::vector<mp50> out_mp, p_mp;
   mp50 lse_mp, p_null_mp;
   // worst-case pieces (u = 1, no floor)

@@ -101,6 +101,7 @@ CompareReport run(const OpCall& call) {
   const AttentionOptions a = attention_call_options(o, in);
   AttnCall c(q.values, k.values, v.values, a);
   c.probs_needed = out.count("probs") > 0;
+  c.lse = lse_convention(o);
   const Shape out_shape = c.bthd() ? Shape{c.s.B, c.s.Tq, c.s.H, c.s.d_v} : Shape{c.s.B, c.s.H, c.s.Tq, c.s.d_v};
   const std::map<std::string, std::pair<Kind, Shape>> known = {
       {"out", {Kind::out, out_shape}},
@@ -228,7 +229,8 @@ CompareReport run(const OpCall& call) {
   }
   for (std::size_t ti = 0; ti < targets.size(); ++ti)
     rep.tensors[slot[ti]] = checks[ti].finish(
-        bound_name(targets[ti].got->dtype, copt.policy, true, targets[ti].kind == Kind::out));
+        bound_name(targets[ti].got->dtype, copt.policy, true, targets[ti].kind == Kind::out) +
+        (targets[ti].kind == Kind::lse && !c.lse.is_default() ? "; LSE " + c.lse.describe() : ""));
   if (copt.sample > 0 && copt.sample < c.rows()) {
     rep.sample.rows = static_cast<index_t>(rows.size());
     rep.sample.total = c.rows();
@@ -251,9 +253,10 @@ OpSpec attention_op() {
             {"bias", "[Tq,Tk] or [B|1,H|1,Tq,Tk]", false},
             {"mask", "as bias, 1 visible / 0 masked", false}},
            {{"out", "[B,H,Tq,dv] (bthd: [B,Tq,H,dv])"}, {"lse", "[B,H,Tq]"}, {"p_null", "[B,H,Tq]"}, {"probs", "[B,H,Tq,Tk]"}},
-           {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout"},
-           "normalizer: softmax1 (default) | softmax; null_logits: one per query head (or input null_logits); "
-           "window: sliding window W (0: none); layout: bhtd (default) | bthd",
+           {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout", "lse_null", "lse_base"},
+           "normalizer: softmax1 (default) | softmax; null_logits: one per query head (or input null_logits; -inf: no "
+           "null, +inf: all on it); window: sliding window W (0: none); layout: bhtd (default) | bthd;\n"
+           "                lse_null: included (default) | excluded (lse over the keys only); lse_base: e (default) | 2",
            run};
   s.samples_rows = true;
   return s;

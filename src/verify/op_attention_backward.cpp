@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "lse_convention.hpp"
 #include "ops.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
@@ -24,8 +25,14 @@ CompareReport run(const OpCall& c) {
                 "grad_null_logits given but the normaliser is softmax (no null logit)");
   OASIS_REQUIRE(!out.count("grad_bias") || !a.bias.empty(), "grad_bias", "grad_bias given but the inputs hold no bias");
   a.return_probs = true;  // the bounds need the exact probabilities
+  // grad_lse of an LSE in another convention (lse_convention.hpp) becomes the cotangents of LSE1 and
+  // p_null, converted from the exact forward: the op is then checked in mp50, where that is exact
+  const LseConvention lc = lse_convention(c.options);
+  const bool convert = dlse && !lc.is_default();
+  Tensor<mp50> dlse1, dpn1;
   auto cot = [&](auto tag) {
     using T = decltype(tag);
+    if (convert) return AttentionCotangents<T>{as<T>(dout), dlse1.cast<T>(), dpn1.cast<T>()};
     return AttentionCotangents<T>{as<T>(dout), dlse ? as<T>(*dlse) : Tensor<T>(), dpn ? as<T>(*dpn) : Tensor<T>()};
   };
   AttentionOptions ab = a;
@@ -47,7 +54,7 @@ CompareReport run(const OpCall& c) {
   CompareReport rep;
   rep.op = op;
   std::string fallback;
-  if (c.compare.oracle == Oracle::fast) {
+  if (c.compare.oracle == Oracle::fast && !convert) {
     // The fast oracle: forward and backward in double, each element judged with the double
     // reference's own worst-case error (attention_backward_bounds at u = 2^-53, x 1.01 because its
     // coefficients come from the double forward) folded in, and the policy's terms within a relative
@@ -78,13 +85,14 @@ CompareReport run(const OpCall& c) {
   }
   const Tensor<mp50> qm = as<mp50>(q), km = as<mp50>(k), vm = as<mp50>(v);
   const AttentionResult<mp50> fwd = token_attention(qm, km, vm, a);
+  if (convert) lse_cotangents(lc, fwd, a.normalizer, dlse->values, dpn ? &dpn->values : nullptr, dlse1, dpn1);
   const AttentionGrads<mp50> ref = token_attention_backward(qm, km, vm, cot(mp50{}), ab);
   PlainBounds bounds = plain_bounds(fwd);
   compare_outputs(rep, out,
                   {{"grad_q", &ref.q}, {"grad_k", &ref.k}, {"grad_v", &ref.v}, {"grad_null_logits", &ref.null_logits},
                    {"grad_bias", &ref.bias}},
                   bounds, c.compare);
-  rep.oracle = "mp50" + fallback;
+  rep.oracle = convert ? "mp50 (grad_lse in another LSE convention: converted exactly in mp50)" : "mp50" + fallback;
   return rep;
 }
 
@@ -105,9 +113,10 @@ OpSpec attention_backward_op() {
            {"grad_v", "[B,Hkv,Tk,dv]"},
            {"grad_null_logits", "[H]"},
            {"grad_bias", "shape of bias"}},
-          {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout"},
+          {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout", "lse_null", "lse_base"},
           "as attention, plus window (0: none) and layout (bhtd | bthd: q, k, v, grad_out and grad_q/k/v as [B,T,H,d]);\n"
-          "                grad_lse, grad_p_null: incoming gradients of lse and p_null (absent: 0)",
+          "                grad_lse, grad_p_null: incoming gradients of lse and p_null (absent: 0); grad_lse is of the\n"
+          "                LSE in the convention of lse_null and lse_base (as attention)",
           run};
 }
 

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <map>
 
+#include "lse_convention.hpp"
 #include "ops.hpp"
 #include "oasis/ops/prob_bounds.hpp"
 #include "oasis/ops/error_bounds.hpp"
@@ -20,6 +21,7 @@ CompareReport run(const OpCall& c) {
   const Options& o = c.options;
   const CompareOptions& copt = c.compare;
   const RowNorm kind = token_normalizer(o, "normalizer");
+  const LseConvention conv = lse_convention(o);
   const StoredTensor& z = need(in, "z", "normalizer");
   OASIS_REQUIRE(z.values.rank() >= 1, "z", "must have rank >= 1 (rows of logits), got a scalar");
   const index_t m = z.values.dim(z.values.rank() - 1);
@@ -75,6 +77,14 @@ CompareReport run(const OpCall& c) {
     const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, kind, z.values.data() + r * m, nullptr, m, sr,
                                                   0.0, pd.data(), pn, ls);
     const bounds::ProbRow pr = bounds::prob_row(kind, z.values.data() + r * m, nullptr, m, sr, 0.0, 0.0, pd.data(), pn, ls);
+    // the LSE in the call's convention (lse_convention.hpp)
+    LseRow lr{ls, rp.lse, true, b1.lse, pr.lse};
+    if (!conv.is_default()) {
+      mp50 keys(-std::numeric_limits<double>::infinity());
+      if (conv.keys_only && !keys_lse_from_probs(rp.lse, std::vector<mp50>(rp.p.data(), rp.p.data() + m), keys))
+        keys = softmax(zr).lse;  // a +inf null logit
+      to_convention(conv, RowLogits{kind, z.values.data() + r * m, nullptr, nullptr, m, sr, 0.0, pd.data(), pn}, &keys, lr);
+    }
     for (std::size_t ti = 0; ti < targets.size(); ++ti) {
       const Target& tg = targets[ti];
       const double uw = tg.wc.u, flw = tg.wc.p_floor, fl = tg.pr.p_floor, lam = bounds::kSecondOrder * kLambda * tg.pr.u;
@@ -95,12 +105,13 @@ CompareReport run(const OpCall& c) {
         const bool has = kind == RowNorm::softmax1;
         add(r, rp.p_null, has ? uw * b1.p_null + flw : 0.0, has ? lam * pr.p_null + fl : 0.0);
       } else {
-        add(r, rp.lse, uw * b1.lse, std::isinf(ls) ? nan : lam * pr.lse);
+        add(r, lr.value_mp, uw * lr.wc, std::isinf(lr.value) ? nan : lam * lr.R);
       }
     }
   }
   for (std::size_t ti = 0; ti < targets.size(); ++ti)
-    rep.tensors[slot[ti]] = checks[ti].finish(bound_name(targets[ti].got->dtype, copt.policy, true, false));
+    rep.tensors[slot[ti]] = checks[ti].finish(bound_name(targets[ti].got->dtype, copt.policy, true, false) +
+                                              (targets[ti].kind == 2 && !conv.is_default() ? "; LSE " + conv.describe() : ""));
   if (copt.sample > 0 && copt.sample < R) {
     rep.sample.rows = static_cast<index_t>(rows.size());
     rep.sample.total = R;
@@ -118,8 +129,9 @@ OpSpec normalizer_op() {
   OpSpec s{"normalizer",
           {{"z", "[..., m]"}, {"s", "[...] or [1]", false}},
           {{"p", "[..., m]"}, {"p_null", "[...]"}, {"lse", "[...]"}},
-          {"normalizer", "null_logit"},
-          "normalizer: softmax1 (default) | softmax; null_logit: one null logit for every row (or input s)",
+          {"normalizer", "null_logit", "lse_null", "lse_base"},
+          "normalizer: softmax1 (default) | softmax; null_logit: one null logit for every row (or input s; -inf: no\n"
+          "                null, +inf: all on it); lse_null, lse_base: the convention of lse (as attention)",
           run};
   s.samples_rows = true;
   return s;

@@ -16,7 +16,8 @@
 // Masks (causal, padding with the Tk - Tq offset, window, -inf bias) are those of the forward
 // (visible_range): a masked key has p = 0 and receives nothing. A fully masked Softmax1 row has
 // p_null = 1, O = 0 and passes dLSE_t to its null logit; a fully masked plain-softmax row (the
-// documented zero) passes nothing.
+// documented zero) passes nothing. The gradient of an infinite null logit (-inf: no null; +inf:
+// all the mass on it, normalizer.hpp) is defined as 0: the logit is a constant of the head.
 //
 // This is the plain reference: the forward row is recomputed exactly as token_attention computes
 // it, sums run left to right, and the scale multiplies the accumulated sums of dq and dk at the
@@ -118,7 +119,7 @@ AttentionGrads<T> token_attention_backward(const Tensor<T>& q, const Tensor<T>& 
         const T dlse = d.lse.empty() ? T(0) : d.lse(b, h, t);
         const T dpn = d.p_null.empty() ? T(0) : d.p_null(b, h, t);
         const T ds = normalize_row_backward(opt.normalizer, p.data(), st.p_null, m, dp.data(), dpn, dlse, dz.data());
-        if (has_null) g.null_logits[h] += ds;
+        if (has_null && is_finite(null_logit)) g.null_logits[h] += ds;  // an infinite null logit: 0
         // dq_t (unscaled sum), dk_j (unscaled, accumulated), dv_j
         T* gq = g.q.ptr(b, h, t);
         for (index_t j = 0; j < m; ++j) {

@@ -109,7 +109,8 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
           Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w));
           b.scores(bb, h, t, kr.begin + j) = kSecondOrder * Z[jj] + pr.p_floor;
         }
-        if (has_null) {  // ds_t = p_null ((dP - D) + dLSE)
+        // ds_t = p_null ((dP - D) + dLSE); an infinite null logit's gradient is 0 (attention_backward.hpp)
+        if (has_null && (opt.null_logits.empty() || std::isfinite(opt.null_logits[static_cast<std::size_t>(h)]))) {
           const double w = dpn - Dt + dl;
           Sn[static_cast<std::size_t>(h)] += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w));
           An[static_cast<std::size_t>(h)] += std::abs(pn * w);

@@ -41,7 +41,9 @@ AttentionLayout parse_attention_layout(std::string_view name);  // "bhtd" | "bth
 struct AttentionOptions {
   RowNorm normalizer = RowNorm::softmax1;
   /// Null logit per query head (size H) for softmax1; empty means s = 0 (Softmax1).
-  /// Given in double and converted to T (exact for T at least as wide as double).
+  /// Given in double and converted to T (exact for T at least as wide as double). -inf is a head
+  /// without a null (plain softmax attention, p_null = 0); +inf puts all the mass on the null
+  /// (p = 0, p_null = 1, out = 0, LSE1 = +inf; normalizer.hpp). NaN is refused.
   std::vector<double> null_logits;
   bool causal = false;
   /// Number of valid (non-padding) keys per batch element, each in [0, Tk]; empty = all Tk.
@@ -119,7 +121,8 @@ AttentionShape check_attention_shapes(const Tensor<T>& q, const Tensor<T>& k, co
                 "null_logits", "has ", opt.null_logits.size(), " entries, expected one per query head (",
                 s.H, ")");
   for (std::size_t h = 0; h < opt.null_logits.size(); ++h)
-    OASIS_REQUIRE(std::isfinite(opt.null_logits[h]), "null_logits", "entry ", h, " is not finite");
+    OASIS_REQUIRE(!std::isnan(opt.null_logits[h]), "null_logits", "entry ", h,
+                  " is NaN (-inf: a head without a null; +inf: all the mass on the null)");
   OASIS_REQUIRE(opt.null_logits.empty() || has_null_category(opt.normalizer), "null_logits",
                 "given but the normaliser is ", to_string(opt.normalizer), " (no null category)");
   OASIS_REQUIRE(opt.key_lengths.empty() || static_cast<index_t>(opt.key_lengths.size()) == s.B,
@@ -145,6 +148,14 @@ AttentionShape check_attention_shapes(const Tensor<T>& q, const Tensor<T>& k, co
                     " (NaN and +inf are not allowed; mask with -inf)");
   }
   return s;
+}
+
+/// For a backend whose kernels take finite null logits only: an infinite one (which the reference
+/// takes as a limit) is refused, naming null_logits and the backend.
+inline void require_finite_null_logits(const AttentionOptions& opt, const char* backend) {
+  for (std::size_t h = 0; h < opt.null_logits.size(); ++h)
+    OASIS_REQUIRE(std::isfinite(opt.null_logits[h]), "null_logits", "entry ", h, " is ", opt.null_logits[h], "; the ",
+                  backend, " backend takes finite null logits (the reference backend takes -inf and +inf)");
 }
 
 /// q, k and v finite, checked in that order (the first failure is reported).

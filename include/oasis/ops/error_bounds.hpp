@@ -73,7 +73,9 @@ inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, co
   RowBound b;
   b.p.assign(static_cast<std::size_t>(m), 0.0);
   b.rel.assign(static_cast<std::size_t>(m), 0.0);
-  const bool has_null = kind == RowNorm::softmax1;
+  // an infinite null logit: -inf is no null term; +inf makes every result exact (p = 0, p_null = 1)
+  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return b;
+  const bool has_null = kind == RowNorm::softmax1 && !std::isinf(s);
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
   index_t terms = has_null ? 1 : 0;
   for (index_t j = 0; j < m; ++j) {

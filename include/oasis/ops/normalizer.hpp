@@ -3,7 +3,10 @@
 // docs/spec.md §1. For logits z_1..z_m (masked entries are -inf) and a null logit s:
 //   LSE1   = log(e^s + sum_k e^{z_k})
 //   p_j    = exp(z_j - LSE1),  p_null = exp(s - LSE1),  sum_j p_j + p_null = 1.
-// Softmax1 is s = 0; a learnable sink logit (baseline S1, gpt-oss sinks) is any finite s.
+// Softmax1 is s = 0; a learnable sink logit (baseline S1, gpt-oss sinks) is any s but NaN.
+// The infinite null logits are limits: s = -inf is a row without a null (p_null = 0; p and LSE
+// those of plain softmax, a row with no visible key following MaskedRow); s = +inf puts all the
+// mass on the null (p = 0, p_null = 1, LSE1 = +inf).
 // Stable evaluation uses M = max(s, max_j z_j), which includes the null logit, so the
 // normaliser sum S = e^{s-M} + sum_k e^{z_k-M} is >= 1 and never overflows, and a fully
 // masked row (m = 0 or all -inf) gives p = 0, p_null = 1, LSE1 = s — never NaN.
@@ -134,8 +137,8 @@ T entmax15_threshold(const std::vector<T>& y) {
 }  // namespace detail
 
 /// Normalise one row in place into p[0..m). z may hold -inf (masked); NaN or +inf throws,
-/// naming `arg`. `s` is the null logit (used by softmax1 and clipped_softmax1, which require it
-/// finite; ignored otherwise). `np` holds clipped softmax's gamma and zeta.
+/// naming `arg`. `s` is the null logit (used by softmax1 and clipped_softmax1, which refuse NaN
+/// and take +-inf as the limits above; ignored otherwise). `np` holds clipped softmax's gamma and zeta.
 template <class T>
 RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p, const NormParams& np,
                           MaskedRow policy = MaskedRow::zero, const char* arg = "z") {
@@ -152,12 +155,16 @@ RowStats<T> normalize_row(RowNorm kind, const T* z, index_t m, const T& s, T* p,
                   "clipped softmax needs a finite zeta >= 1, got ", np.zeta);
   }
   const bool has_null = has_null_category(kind);
-  if (has_null) OASIS_REQUIRE(is_finite(s), "null_logit", "must be finite, got ", to_double(s));
+  if (has_null) OASIS_REQUIRE(!is_nan(s), "null_logit", "must not be NaN (+-inf are allowed)");
+  if (has_null && is_pos_inf(s)) {  // all the mass on the null
+    for (index_t j = 0; j < m; ++j) p[j] = T(0);
+    return {s, T(1)};
+  }
 
   T M = has_null ? s : neg_inf<T>();
   for (index_t j = 0; j < m; ++j) if (z[j] > M) M = z[j];
 
-  if (!has_null && is_neg_inf(M)) {  // no null category, fully masked row
+  if (is_neg_inf(M)) {  // no mass anywhere: no null (or s = -inf) and no visible key
     OASIS_REQUIRE(policy == MaskedRow::zero, arg, "plain ", to_string(kind),
                   " on a fully masked row (no visible key) and MaskedRow::error was requested");
     for (index_t j = 0; j < m; ++j) p[j] = T(0);

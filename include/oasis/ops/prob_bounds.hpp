@@ -67,7 +67,9 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
   r.kappa2.assign(static_cast<std::size_t>(m), 0.0);
   if (per_term) r.p.assign(static_cast<std::size_t>(m), 0.0);
   r.sigma = sigma;
-  const bool has_null = kind == RowNorm::softmax1;
+  // an infinite null logit (as row_bound): -inf is no null term; +inf makes every result exact
+  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return r;
+  const bool has_null = kind == RowNorm::softmax1 && !std::isinf(s);
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
   for (index_t j = 0; j < m; ++j)
     if (!std::isinf(z[j])) {

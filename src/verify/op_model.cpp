@@ -209,6 +209,7 @@ bool row_verdict(const std::string& name, const StoredTensor& got, const Tensor<
       }
     }
     t.worst_ratio = std::max(t.worst_ratio, allowed > 0 ? e_x / allowed : (e_x > 0 ? INFINITY : 0.0));
+    t.checked += w;
   }
   t.passed = t.violations == 0;
   return true;

@@ -97,12 +97,13 @@ std::string known_names(const om::ModelGrads<mp50>& g) {
 template <class T>
 TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, const Tensor<T>& ref,
                          const Tensor<mp50>& hp, index_t N, int show) {
+  if (got.values.shape() != hp.shape())
+    return tensor_failure(name, got,
+                          "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " +
+                              shape_str(hp.shape()),
+                          false);
   TensorReport r = report_of(name, got);
-  if (got.values.shape() != hp.shape()) {
-    r.problem = "shape " + shape_str(got.values.shape()) + " but the configured model's " + name + " has shape " +
-                shape_str(hp.shape());
-    return r;
-  }
+  r.checked = hp.size();
   const double u = io::dtype_eps(got.dtype) / 2;
   const index_t w = hp.rank() >= 2 ? hp.dim(hp.rank() - 1) : std::max<index_t>(hp.size(), 1);
   const index_t rows = hp.size() / w;

@@ -109,6 +109,10 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
     worst_ = std::max(worst_, ratio(b.policy));
     worst_certain_ = std::max(worst_certain_, ratio(b.certain));
   }
+  if (e > 0 && std::isfinite(dist)) {  // a double reference: the figures are known within its error
+    abs_hi_ = std::max(abs_hi_, dist + e);
+    ratio_hi_ = std::max(ratio_hi_, b.policy > 0 ? (dist + e) / b.policy : kInf);
+  }
   if (!pass_c) ++violations_certain_;
   if (!pass_p) {
     ++violations_;
@@ -125,6 +129,8 @@ void TensorCheck::merge(const TensorCheck& o) {
   violations_ += o.violations_;
   violations_certain_ += o.violations_certain_;
   max_abs_ = std::max(max_abs_, o.max_abs_);
+  abs_hi_ = std::max(abs_hi_, o.abs_hi_);
+  ratio_hi_ = std::max(ratio_hi_, o.ratio_hi_);
   max_rel_ = std::max(max_rel_, o.max_rel_);
   worst_ = std::max(worst_, o.worst_);
   worst_certain_ = std::max(worst_certain_, o.worst_certain_);
@@ -150,6 +156,12 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
   TensorReport r = report_of(name_, *got_);
   r.checked = checked_;
   r.bound = bound;
+  // A double reference's own error can exceed the error it measures (float64 outputs): where that
+  // moves err/bound by more than 1/16 of itself (and 1/1024), the figures are said to be the double
+  // reference's, with what the exact ones can be at most.
+  if (!nan_ && ratio_hi_ - worst_ > std::max(worst_ / 16, 1.0 / 1024))
+    r.bound += "; max|err|, err/bound against the double reference: exactly at most " + num(abs_hi_) + ", " +
+               num(std::max(worst_, ratio_hi_));
   const double nan = std::numeric_limits<double>::quiet_NaN();
   r.max_abs = nan_ ? nan : max_abs_;
   r.max_rel = nan_ ? nan : max_rel_;
@@ -178,7 +190,7 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
 TensorReport tensor_failure(const std::string& name, const io::StoredTensor& got, std::string problem, bool certain) {
   TensorReport r = report_of(name, got);
   r.problem = std::move(problem);
-  r.violations = r.elements;
+  r.checked = r.violations = r.elements;  // the whole tensor judged, and outside
   if (certain) {
     r.violations_certain = r.elements;
     r.certain_failure = true;

@@ -55,6 +55,9 @@ class TensorCheck {
   int show_;
   index_t checked_ = 0, violations_ = 0, violations_certain_ = 0;
   double max_abs_ = 0, max_rel_ = 0, worst_ = 0, worst_certain_ = 0;
+  /// The largest |x - r| + err and (|x - r| + err) / policy bound: what the figures of elements
+  /// judged against a double reference can be at most (the report states it when it matters).
+  double abs_hi_ = 0, ratio_hi_ = 0;
   bool nan_ = false;
   double sum_sq_ = 0;       ///< of the finite references (for the ulps scale)
   index_t n_sq_ = 0;

@@ -5,7 +5,7 @@
 # with OASIS_SANITIZE=0). Exit status is non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --test  # also chromium and matplotlib, for the report and figure tests
 BUILD=${OASIS_BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j"$(nproc)"

@@ -2,6 +2,8 @@
 //
 //   oasis-verify [selfcheck] [--json FILE] [--only ID]... [--instances N] [--seed S] [--quiet]
 //   oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]
+//                               [--html FILE] [--no-progress]
+//   oasis-verify figures MODEL TRACE --out DIR
 //   oasis-verify help | --help | <subcommand> --help
 // Exit status: 0 everything passed, 1 a check or a comparison failed, 2 usage or input error
 // (unknown option, unreadable or malformed file, missing tensor, invalid configuration).
@@ -17,6 +19,7 @@
 #endif
 
 #include "oasis/verify/compare.hpp"
+#include "figures_cmd.hpp"
 #include "selfcheck.hpp"
 
 namespace {
@@ -26,7 +29,8 @@ constexpr int kOk = 0, kFailed = 1, kUsage = 2;
 const char* kMainHelp =
     "usage: oasis-verify [selfcheck] [options]      run the verification report (default)\n"
     "       oasis-verify compare CONFIG [options]    check another implementation's tensors\n"
-    "       oasis-verify help [selfcheck|compare]\n"
+    "       oasis-verify figures MODEL TRACE --out DIR  draw the paper's diagnostics of a model trace\n"
+    "       oasis-verify help [selfcheck|compare|figures]\n"
     "\n"
     "Exit status: 0 all passed, 1 a check or comparison failed, 2 usage or input error.\n"
     "Documentation: docs/verify.md.\n";
@@ -72,6 +76,10 @@ const char* kCompareHelp =
     "  --sample N       check N rows drawn at random (attention: (b, h, t); depth, coupling: tokens;\n"
     "                   normalizer: rows of z); unchecked rows can hide errors (default 0: all rows)\n"
     "  --seed S         seed of --sample (default 20261129)\n"
+    "  --html FILE      also write the report as one self-contained HTML page: per tensor heat maps of\n"
+    "                   err/bound, its histogram, the worst elements; the model's steps (docs/report.md)\n"
+    "  --no-progress    no progress line on stderr (shown only when stderr is a terminal and the\n"
+    "                   check runs longer than 2 s)\n"
     "\nOps, tensor names and options:\n";
 
 int usage_error(const std::string& msg, const char* help) {
@@ -150,7 +158,8 @@ int cmd_selfcheck(const std::vector<std::string>& args) {
 
 int cmd_compare(const std::vector<std::string>& args) {
   const std::string help = std::string(kCompareHelp) + oasis::verify::describe_ops();
-  std::string config, json;
+  std::string config, json, html;
+  bool progress = true;
   oasis::verify::CompareOptions opt;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -173,6 +182,11 @@ int cmd_compare(const std::vector<std::string>& args) {
         return usage_error("--seed needs a non-negative integer", help.c_str());
       opt.seed = static_cast<std::uint64_t>(n);
       ++i;
+    } else if (a == "--html") {
+      if (i + 1 >= args.size()) return usage_error("--html needs a file name", help.c_str());
+      html = args[++i];
+    } else if (a == "--no-progress") {
+      progress = false;
     } else if (a == "--policy" || a == "--oracle") {
       if (i + 1 >= args.size()) return usage_error(a + " needs a value", help.c_str());
       try {
@@ -193,6 +207,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (config.empty()) return usage_error("compare: missing CONFIG", help.c_str());
   oasis::verify::CompareReport rep;
   try {
+    if (progress) opt.progress = oasis::verify::terminal_progress();  // empty unless stderr is a terminal
     rep = oasis::verify::compare_config_file(config, opt);
   } catch (const std::exception& e) {
     std::cerr << "oasis-verify compare: " << e.what() << "\n";
@@ -200,6 +215,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   }
   std::cout << oasis::verify::format_report(rep);
   if (!json.empty() && !write_text(json, oasis::verify::report_json(rep))) return kUsage;
+  if (!html.empty() && !write_text(html, oasis::verify::report_html(rep))) return kUsage;
   return rep.passed ? kOk : kFailed;
 }
 
@@ -229,9 +245,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (sub == "selfcheck") return cmd_selfcheck(rest);
   if (sub == "compare") return cmd_compare(rest);
+  if (sub == "figures") return oasis::verify::cmd_figures(rest);
   if (sub == "help" || sub == "--help" || sub == "-h") {
     if (!rest.empty() && rest[0] == "selfcheck") { std::cout << kSelfcheckHelp; return kOk; }
     if (!rest.empty() && rest[0] == "compare") return cmd_compare({"--help"});
+    if (!rest.empty() && rest[0] == "figures") return oasis::verify::cmd_figures({"--help"});
     if (!rest.empty()) return usage_error("help: unknown subcommand '" + rest[0] + "'", kMainHelp);
     std::cout << kMainHelp;
     return kOk;

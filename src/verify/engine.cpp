@@ -6,6 +6,7 @@
 
 #include "config_files.hpp"
 #include "ops.hpp"
+#include "progress.hpp"
 
 namespace oasis::verify {
 namespace detail {
@@ -85,6 +86,7 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   OASIS_REQUIRE(opt.sample >= 0, "sample", "must be >= 0 (0: every row), got ", opt.sample);
   OASIS_REQUIRE(opt.sample == 0 || s.samples_rows, "sample", "op ", op,
                 " checks every element (sampling rows is offered by ops attention, depth, coupling and normalizer)");
+  const ProgressRun progress(opt, op, outputs, names(s.outputs));
   CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
   rep.op = op;
   rep.policy = std::string(to_string(opt.policy));
@@ -135,12 +137,14 @@ CompareReport model_report(CompareReport rep, const CompareOptions& opt) {
 CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
                           const Value& options, const CompareOptions& opt) {
   check_model_options(options, opt);
+  const ProgressRun progress(opt, "model", trace);
   return model_report(run_model(weights_file, inputs, trace, opt), opt);
 }
 
 CompareReport check_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
                           const TensorMap& trace, const Value& options, const CompareOptions& opt) {
   check_model_options(options, opt);
+  const ProgressRun progress(opt, "model", trace);
   return model_report(run_model(config, weights, inputs, trace, opt), opt);
 }
 

@@ -37,6 +37,7 @@
 #include "ops.hpp"
 #include "model_checker.hpp"
 #include "op_model_grad.hpp"
+#include "progress.hpp"
 #include "oasis/io/safetensors.hpp"
 #include "oasis/model/io.hpp"
 
@@ -288,6 +289,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
       }
       Tensor<double> xld;  // the long double replay, rounded to double (an error of 2^-53 |x|, in the floor below)
       {
+        progress_stage(name + ": long double replay");
         const om::ForwardResult<long double> r = ms.d.cast<long double>().forward(ids, B, Tn);
         xld = (logits ? r.logits : r.state).cast<double>();
       }
@@ -310,6 +312,7 @@ TensorReport end_to_end(const std::string& name, const StoredTensor& got, Models
     recomputed = true;
   }
   oracle = name + ": mp50 replay";
+  progress_stage(oracle);
   TensorReport t = report_of(name, got);
   const om::Model<mp50>& m = ms.mp();
   const om::ForwardResult<mp50> hp = m.forward(ids, B, Tn);
@@ -440,7 +443,11 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
                 "op model checked no tensor: the outputs hold no trace tensor of this model (they hold: ", names_of(outputs),
                 "); provide at least 'logits' [B, T, vocab]");
   rep.passed = true;
-  for (const auto& t : rep.tensors) rep.passed = rep.passed && (t.informative || t.passed);
+  for (auto& t : rep.tensors) {
+    rep.passed = rep.passed && (t.informative || t.passed);
+    t.step = steps[t.name];
+  }
+  progress_stage("");
   for (const auto& t : rep.tensors)
     if (!t.informative && !t.passed) {
       rep.notes.insert(rep.notes.begin(), "first wrong step (forward order): " + t.name + " — checked against " + steps[t.name]);

@@ -42,7 +42,7 @@ Bounds bounds_at(io::DType d, double mag, const Allowed& a, double f) {
 }  // namespace
 
 TensorCheck::TensorCheck(std::string name, const io::StoredTensor& got, int show)
-    : name_(std::move(name)), got_(&got), show_(show) {}
+    : name_(std::move(name)), got_(&got), show_(show), map_(got.values.shape()) {}
 
 void TensorCheck::note_mismatch(index_t flat, const std::string& text) {
   if (show_ <= 0) return;
@@ -113,6 +113,8 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
     abs_hi_ = std::max(abs_hi_, dist + e);
     ratio_hi_ = std::max(ratio_hi_, b.policy > 0 ? (dist + e) / b.policy : kInf);
   }
+  map_.note(flat, x, r, dist, b.policy);
+  progress_.note(ref.exact != nullptr);
   if (!pass_c) ++violations_certain_;
   if (!pass_p) {
     ++violations_;
@@ -141,6 +143,8 @@ void TensorCheck::merge(const TensorCheck& o) {
     max_err_by_binade_[i] = std::max(max_err_by_binade_[i], o.max_err_by_binade_[i]);
   max_err_zero_ = std::max(max_err_zero_, o.max_err_zero_);
   for (const auto& m : o.mismatches_) note_mismatch(m.first, m.second);
+  map_.merge(o.map_);
+  progress_.absorb(o.progress_);
 }
 
 TensorReport report_of(const std::string& name, const io::StoredTensor& got) {
@@ -184,6 +188,8 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
   std::vector<std::pair<index_t, std::string>> m = mismatches_;
   std::sort(m.begin(), m.end());
   for (std::size_t i = 0; i < m.size() && i < static_cast<std::size_t>(show_); ++i) r.first_mismatches.push_back(m[i].second);
+  r.map = map_.finish();
+  progress_.finish();
   return r;
 }
 

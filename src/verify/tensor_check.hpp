@@ -20,6 +20,8 @@
 #include "oasis/io/dtype.hpp"
 #include "oasis/core/multiprecision.hpp"
 #include "oasis/verify/report.hpp"
+#include "error_map.hpp"
+#include "progress.hpp"
 
 namespace oasis::verify::detail {
 
@@ -64,6 +66,8 @@ class TensorCheck {
   std::array<double, 2200> max_err_by_binade_{};  ///< max |err| per binade of |ref| (index ilogb + 1100)
   double max_err_zero_ = 0;                       ///< max |err| at ref = 0
   std::vector<std::pair<index_t, std::string>> mismatches_;
+  ErrorMapBuilder map_;               ///< where the errors lie (TensorReport::map)
+  mutable CheckProgress progress_;   ///< the elements judged (CompareOptions::progress)
 };
 
 /// The report of `got` before any verdict: its name, dtype, shape and element count.

@@ -1,10 +1,12 @@
 // oasis/verify/report.hpp — what a comparison returns: one row per checked tensor and a verdict.
 //
 // The compare engine (oasis/verify/compare.hpp) fills these; `oasis-verify compare` prints
-// format_report() and writes report_json(); the Python module wraps the same structures.
+// format_report() and writes report_json() and report_html(); the Python module wraps the same
+// structures.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,37 @@
 #include "oasis/verify/policy.hpp"
 
 namespace oasis::verify {
+
+/// One judged element: where it is, what it holds, how far from its bound.
+struct ElementError {
+  Shape index;         ///< its coordinates in the tensor
+  double got = 0, ref = 0;
+  double err = 0;      ///< |got - ref| (NaN for a NaN element)
+  double bound = 0;    ///< the policy's bound at this element
+  double ratio = 0;    ///< err / bound (NaN for a NaN element)
+};
+
+/// Where a tensor's errors lie (the heat maps, histogram and worst elements of report_html()),
+/// filled where its elements are judged; empty for a tensor judged as a whole (a shape mismatch,
+/// the model level's end-to-end verdict).
+struct ErrorMap {
+  static constexpr index_t kMaxCells = 65536;
+  static constexpr int kHistLo = -24, kHistHi = 24;  ///< histogram range of err/bound: [2^kHistLo, 2^kHistHi)
+  static constexpr int kWorst = 10;
+  /// Blocks per axis: each axis of the tensor divided by the power of two in `block`, halving the
+  /// longest axis until there are at most kMaxCells blocks.
+  Shape blocks;
+  Shape block;               ///< elements per block along each axis
+  /// Per block (row-major over `blocks`): max err/bound over its checked elements; -1: none
+  /// checked (unsampled rows); NaN: a NaN element.
+  std::vector<float> cells;
+  /// Counts of err/bound: [0] below 2^kHistLo (exact elements included), [1 + k - kHistLo] in
+  /// [2^k, 2^(k+1)), the last at or above 2^kHistHi (infinite included). NaN elements in `nan`.
+  std::vector<index_t> histogram;
+  index_t nan = 0;
+  std::vector<ElementError> worst;  ///< the largest err/bound first (NaN first), at most kWorst
+  bool empty() const { return cells.empty(); }
+};
 
 /// Comparison of one output tensor (policies: oasis/verify/policy.hpp).
 struct TensorReport {
@@ -38,6 +71,8 @@ struct TensorReport {
   /// Reported for information only, no verdict; `passed` is then true and ignored.
   bool informative = false;
   std::string problem;       ///< a whole-tensor failure (shape mismatch), empty otherwise
+  std::string step;          ///< model level: the producer it was checked against
+  ErrorMap map;              ///< where its errors lie (report_html)
 };
 
 /// Rows checked when a comparison samples (CompareOptions::sample).
@@ -59,6 +94,19 @@ struct CompareReport {
   SampleInfo sample;
 };
 
+/// How far a running comparison has got (CompareOptions::progress).
+struct Progress {
+  std::string op;
+  index_t tensors_done = 0, tensors_total = 0;    ///< tensors judged, of the outputs given
+  index_t elements_done = 0, elements_total = 0;  ///< elements judged, of the outputs' (0: not known, e.g. sampled)
+  index_t elements_mp50 = 0;  ///< of elements_done, judged against an mp50 reference
+  /// The oracle at work: "double", "mp50", "double, N elements recomputed in mp50", or a stage the
+  /// engine names ("long double replay", "mp50 replay").
+  std::string level;
+  double seconds = 0;      ///< since the comparison started
+  bool finished = false;   ///< the last call, at the end of the comparison
+};
+
 /// Options of the comparison (not of the op).
 struct CompareOptions {
   int show = 5;                          ///< mismatching elements listed per tensor
@@ -68,11 +116,21 @@ struct CompareOptions {
   /// token (depth, coupling) or one row of logits (normalizer) produces. Other ops check all.
   index_t sample = 0;
   std::uint64_t seed = 20261129;         ///< of the sample
+  /// Called about every 0.25 s, from a thread of its own, once the comparison has run 2 s, and
+  /// once more at its end (Progress::finished) if it was called; empty: no progress.
+  std::function<void(const Progress&)> progress;
 };
 
 /// Human-readable report (one line per tensor, its first mismatches, the notes, the verdict).
 std::string format_report(const CompareReport& r);
 /// The report as a JSON document.
 std::string report_json(const CompareReport& r);
+/// The report as one self-contained HTML page (no network; script and styles inline): per tensor
+/// heat maps of err/bound, its histogram against the bound, the worst elements; at model level the
+/// steps in forward order with the first wrong one marked (docs/report.md).
+std::string report_html(const CompareReport& r);
+/// A CompareOptions::progress that redraws one status line on stderr; empty (no progress) when
+/// stderr is not a terminal.
+std::function<void(const Progress&)> terminal_progress();
 
 }  // namespace oasis::verify

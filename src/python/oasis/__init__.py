@@ -26,13 +26,15 @@ import numpy as _np
 from . import _arrays, _core
 from . import trace as _trace
 from ._arrays import InvalidArgument, bf16, fail as _fail
+from ._figures import figures
+from ._progress import progress_callback as _progress_callback
 from .trace import TRACE_FIELDS, TraceRecorder, record
 
 __all__ = [
     "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops", "config_fields",
     "softmax1", "normalize", "token_attention", "null_statistic", "null_statistic_from_mass",
     "couple_depth_logits", "attn_res_route", "pseudo_query_logits",
-    "TraceRecorder", "record", "TRACE_FIELDS",
+    "TraceRecorder", "record", "TRACE_FIELDS", "figures",
 ]
 
 
@@ -58,13 +60,16 @@ class Report:
     max_rel, max_ulps, worst_ratio, violations, passed — None for an informative row —,
     informative, problem, first_mismatches), as in ``oasis-verify compare --json``;
     ``report["lse"]`` is the row of one tensor. ``str(report)`` is the CLI's table,
-    ``to_json()`` the CLI's JSON; ``assert_ok()`` raises AssertionError carrying the table.
+    ``to_json()`` the CLI's JSON, ``to_html()`` the page of ``oasis-verify compare --html`` (heat
+    maps, histograms, worst elements; docs/report.md), ``plot()`` writes that page and opens it;
+    ``assert_ok()`` raises AssertionError carrying the table.
     """
 
-    def __init__(self, passed, text, json_text):
+    def __init__(self, passed, text, json_text, report=None):
         self.passed = bool(passed)
         self._text = text
         self._json = json_text
+        self._report = report
         doc = _json.loads(json_text)
         self.op = doc["op"]
         self.rows = doc["tensors"]
@@ -85,6 +90,29 @@ class Report:
     def to_json(self):
         return self._json
 
+    def to_html(self, path=None):
+        """The report as one self-contained HTML page (text); also written to ``path`` when given."""
+        html = self._report.html()
+        if path is not None:
+            with open(_os.fspath(path), "w", encoding="utf-8") as f:
+                f.write(html)
+        return html
+
+    def plot(self, path=None, open_browser=True):
+        """Write the HTML page to ``path`` (default: a new temporary file) and open it in the web
+        browser (``open_browser=False``: only write it); returns the path."""
+        if path is None:
+            import tempfile
+
+            fd, path = tempfile.mkstemp(prefix=f"oasis-{self.op}-", suffix=".html")
+            _os.close(fd)
+        self.to_html(path)
+        if open_browser:
+            import webbrowser
+
+            webbrowser.open("file://" + _os.path.abspath(_os.fspath(path)))
+        return path
+
     def assert_ok(self):
         if not self.passed:
             raise AssertionError("oasis: the comparison failed\n" + self._text)
@@ -98,26 +126,29 @@ def _compare_options(policy, compare):
     return _json_text(opts, "compare options") if opts else ""
 
 
-def check(op, inputs, outputs, options=None, policy=None, **compare):
+def check(op, inputs, outputs, options=None, policy=None, progress=None, **compare):
     """Check the outputs of op-level ``op`` computed from ``inputs`` (dicts name -> tensor).
 
     ``options``: the op's options (``oasis.describe_ops()``, docs/verify.md). ``policy`` and the
     keyword arguments (``show=5``: mismatches listed per tensor) are the comparison options,
-    passed to the engine as they are. Returns a Report."""
+    passed to the engine as they are. ``progress``: True (a status line on stderr) or a callable
+    given a dict, once the check has run 2 s (docs/report.md). Returns a Report."""
     if not isinstance(op, str):
         _fail("op", f"expected the op's name, got {type(op).__name__}")
     return Report(*_core.check(op, _arrays.tensor_map(inputs, "inputs"), _arrays.tensor_map(outputs, "outputs"),
-                               _json_text(options, "options"), _compare_options(policy, compare)))
+                               _json_text(options, "options"), _compare_options(policy, compare),
+                               _progress_callback(progress)))
 
 
-def check_model(model, trace, ids=None, options=None, policy=None, **compare):
+def check_model(model, trace, ids=None, options=None, policy=None, progress=None, **compare):
     """Check a model trace (docs/verify-model.md, "Model level").
 
     ``model``: a weights file of oasis::model::save_model (path), an ``oasis.Model``, or a pair
     ``(config, weights)`` (see Model). ``trace``: dict name -> tensor (logits, state,
     ``<sublayer>.<field>``) or a TraceRecorder; a name that is not documented (oasis.TRACE_FIELDS)
     is an error, a documented one that this model does not check is noted in the report.
-    ``ids`` [B, T]: the token ids (integers); when None, ``trace["ids"]``. Returns a Report."""
+    ``ids`` [B, T]: the token ids (integers); when None, ``trace["ids"]``. ``progress`` as for
+    check(). Returns a Report."""
     if isinstance(trace, TraceRecorder):
         trace = trace.trace
     if not isinstance(trace, dict):
@@ -133,14 +164,14 @@ def check_model(model, trace, ids=None, options=None, policy=None, **compare):
         _trace.split_name(name)  # a name that is not documented is a typo, not a tensor to ignore
     inputs = {"ids": _arrays.token_ids(ids)}
     tr = _arrays.tensor_map(trace, "trace")
-    opts, comp = _json_text(options, "options"), _compare_options(policy, compare)
+    opts, comp, prog = _json_text(options, "options"), _compare_options(policy, compare), _progress_callback(progress)
     if isinstance(model, (str, _os.PathLike)):
-        return Report(*_core.check_model_file(_os.fspath(model), inputs, tr, opts, comp))
+        return Report(*_core.check_model_file(_os.fspath(model), inputs, tr, opts, comp, prog))
     if isinstance(model, tuple) and len(model) == 2:
         model = Model(*model)
     if not isinstance(model, Model):
         _fail("model", f"expected a weights file path, an oasis.Model or (config, weights), got {type(model).__name__}")
-    return Report(*_core.check_model_held(model._held, inputs, tr, opts, comp))
+    return Report(*_core.check_model_held(model._held, inputs, tr, opts, comp, prog))
 
 
 def op_names():

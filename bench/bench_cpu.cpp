@@ -12,7 +12,7 @@
 //                        projections, fused attention, output projection), d = 512, T = 1024
 //   Layer_model_*        (bench_model.cpp) one full block of the model oracle, Model<float>
 //   Oracle_mp50_*        (bench_oracle.cpp) the 50-digit oracle's throughput
-// Every fast configuration is validated (the kernel parity rule of tests/support/parity_bound.hpp against
+// Every fast configuration is validated (the kernel parity rule of tests/parity/parity_bound.hpp against
 // oasis::mp50 on a subset of rows; depth routing: bitwise equal to the reference) before it is
 // timed; a failure aborts the run with exit status 2.
 // Counters: GFLOP/s or GB/s, and ratio_gemm / ratio_triad = throughput / same-run ceiling.

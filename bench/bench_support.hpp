@@ -16,7 +16,7 @@ int threads();
 /// Validates a fast attention result at its exact configuration before it is timed: the last
 /// `last_rows` query rows (all keys; bottom-right causal alignment keeps their visibility) and,
 /// for causal calls, the first `first_rows` rows, against oasis::mp50 and the plain float
-/// reference under the kernel parity rule (tests/support/parity_bound.hpp). Returns "" when it
+/// reference under the kernel parity rule (tests/parity/parity_bound.hpp). Returns "" when it
 /// holds, else a report.
 std::string validate_attention(const oasis::Tensor<float>& q, const oasis::Tensor<float>& k,
                                const oasis::Tensor<float>& v, const oasis::AttentionOptions& opt,

@@ -6,7 +6,7 @@
 #   scripts/gpu-pack.sh [DIR]        # DIR defaults to gpu-pack (ignored by git)
 #
 # Configures and builds (Release, OASIS_ENABLE_CUDA=ON, sm_${OASIS_CUDA_ARCHITECTURES:-90}, in
-# ${OASIS_PACK_BUILD_DIR:-build-gpu-pack}) test_cuda_parity, test_cuda_host, test_cuda_device and
+# ${OASIS_PACK_BUILD_DIR:-build-gpu-pack}) test_parity, test_cuda_host, test_cuda_device and
 # bench_cuda, then writes into DIR:
 #   bin/        the four programs (stripped)
 #   lib/        the shared libraries they need beyond glibc and the device's CUDA libraries
@@ -29,7 +29,7 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOASIS_ENABLE_CUDA=ON -DOASIS_CUDA_ARCHITECTURES="$ARCHS" \
   -DOASIS_BUILD_TESTS=ON -DOASIS_BUILD_BENCH=ON -DOASIS_BUILD_CUDA_EMU=OFF -DOASIS_BUILD_PYTHON=OFF \
   -DOASIS_BUILD_VERIFY=OFF "${launcher[@]}" >/dev/null
-PROGRAMS=(tests/cuda/test_cuda_parity tests/cuda/test_cuda_host tests/cuda/test_cuda_device bench/cuda/bench_cuda)
+PROGRAMS=(tests/parity/test_parity tests/cuda/test_cuda_host tests/cuda/test_cuda_device bench/cuda/bench_cuda)
 cmake --build "$BUILD" -j"$(nproc)" --target "${PROGRAMS[@]##*/}"
 
 rm -rf "$DIR"

@@ -8,7 +8,7 @@
 #include <random>
 #include <sstream>
 
-#include "oasis/backends/backend.hpp"
+#include "oasis/backends/registry.hpp"
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
@@ -24,9 +24,9 @@ constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
 const char* kParityRef = "docs/spec.md §2-4, tolerance policy (docs/verify.md)";
 
 // ---------------------------------------------------------------------------------------------
-// parity: every available backend (float) against the mp50 oracle on the same float inputs, under
-// the compare engine's worst-case policy with D = f32 (verify::compare_tensor, oasis/verify/compare.hpp),
-// B the derived bound of the plain float reference.
+// parity: every available backend of the registry (float; oasis/backends/registry.hpp) against the
+// mp50 oracle on the same float inputs, under the compare engine's worst-case policy with D = f32
+// (verify::compare_tensor, oasis/verify/compare.hpp), B the derived bound of the plain float reference.
 
 struct AttentionCase {
   std::string id;
@@ -104,9 +104,9 @@ void check_output(SelfcheckRow& row, const std::string& name, const Tensor<float
 /// One parity row: `instance(rng, row)` draws an instance, runs the backend and checks its outputs
 /// with check_output; an exception fails the row with its message.
 template <class Instance>
-SelfcheckRow parity_row(const std::string& id, Backend b, int instances, std::uint64_t seed, const char* pass_message,
-                        Instance instance) {
-  SelfcheckRow row{id, kParityRef, "float", std::string(to_string(b)), 0, 0, kNotApplicable, true, ""};
+SelfcheckRow parity_row(const std::string& id, const BackendOps& b, int instances, std::uint64_t seed,
+                        const char* pass_message, Instance instance) {
+  SelfcheckRow row{id, kParityRef, "float", std::string(b.name), 0, 0, kNotApplicable, true, ""};
   try {
     for (int i = 0; i < instances; ++i) {
       auto rng = rng_for(seed, row.check, i);
@@ -121,7 +121,7 @@ SelfcheckRow parity_row(const std::string& id, Backend b, int instances, std::ui
   return row;
 }
 
-SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, std::uint64_t seed) {
+SelfcheckRow attention_parity(const AttentionCase& c, const BackendOps& b, int instances, std::uint64_t seed) {
   return parity_row("parity.attention." + c.id, b, instances, seed,
                     "out, lse, p_null within 0.5 ulp + 2x the plain float bound",
                     [&](std::mt19937_64& rng, SelfcheckRow& row) {
@@ -138,7 +138,7 @@ SelfcheckRow attention_parity(const AttentionCase& c, Backend b, int instances, 
                     });
 }
 
-SelfcheckRow depth_parity(const DepthCase& c, Backend b, int instances, std::uint64_t seed) {
+SelfcheckRow depth_parity(const DepthCase& c, const BackendOps& b, int instances, std::uint64_t seed) {
   return parity_row("parity.depth." + c.id, b, instances, seed,
                     "h, alpha, alpha_null within 0.5 ulp + 2x the plain float bound",
                     [&](std::mt19937_64& rng, SelfcheckRow& row) {
@@ -191,7 +191,9 @@ std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt) {
       throw invalid_argument("--only", "'" + o + "' matches no check (ids: " + ids + "; a prefix such as 'parity' selects a group)");
     }
   }
-  const std::vector<Backend> backends = available_backends();
+  std::vector<const BackendOps*> backends;
+  for (const BackendOps* b : registered_backends())
+    if (backend_available(*b)) backends.push_back(b);
   struct Job { std::string id; std::function<std::vector<SelfcheckRow>()> run; };
   std::vector<Job> jobs;
   for (const auto& c : checks::catalogue()) {
@@ -209,15 +211,15 @@ std::vector<SelfcheckRow> run_selfcheck(const SelfcheckOptions& opt) {
   // Parity runs a few instances: each needs the mp50 oracle, the costly part of the selfcheck.
   const int parity_instances = opt.instances > 0 ? std::min(opt.instances, 4) : 2;
   for (const auto& c : attention_cases())
-    for (Backend b : backends)
+    for (const BackendOps* b : backends)
       if (selected(opt.only, "parity.attention." + c.id))
-        jobs.push_back({"parity.attention." + c.id + " " + std::string(to_string(b)),
-                        [c, b, parity_instances, &opt] { return std::vector<SelfcheckRow>{attention_parity(c, b, parity_instances, opt.seed)}; }});
+        jobs.push_back({"parity.attention." + c.id + " " + std::string(b->name),
+                        [c, b, parity_instances, &opt] { return std::vector<SelfcheckRow>{attention_parity(c, *b, parity_instances, opt.seed)}; }});
   for (const auto& c : depth_cases())
-    for (Backend b : backends)
+    for (const BackendOps* b : backends)
       if (selected(opt.only, "parity.depth." + c.id))
-        jobs.push_back({"parity.depth." + c.id + " " + std::string(to_string(b)),
-                        [c, b, parity_instances, &opt] { return std::vector<SelfcheckRow>{depth_parity(c, b, parity_instances, opt.seed)}; }});
+        jobs.push_back({"parity.depth." + c.id + " " + std::string(b->name),
+                        [c, b, parity_instances, &opt] { return std::vector<SelfcheckRow>{depth_parity(c, *b, parity_instances, opt.seed)}; }});
   std::vector<SelfcheckRow> rows;
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     if (opt.progress) opt.progress(static_cast<int>(j), static_cast<int>(jobs.size()), jobs[j].id);
@@ -257,9 +259,10 @@ std::string format_selfcheck(const std::vector<SelfcheckRow>& rows) {
         "slack of the paper's inequality (passes down to minus the rounding allowance of the scalar);\n"
         "'-' = not applicable.\n";
   os << "backends: ";
-  for (Backend b : available_backends()) os << to_string(b) << " ";
-  for (Backend b : {Backend::reference, Backend::cpu_fast, Backend::cuda})
-    if (!backend_available(b)) os << "(" << to_string(b) << " unavailable: " << backend_unavailable_reason(b) << ") ";
+  for (const BackendOps* b : registered_backends())
+    if (backend_available(*b)) os << b->name << " ";
+  for (const BackendOps* b : registered_backends())
+    if (!backend_available(*b)) os << "(" << b->name << " unavailable: " << backend_unavailable_reason(*b) << ") ";
   os << "\n";
   os << "verdict: " << (failed ? "FAIL" : "PASS") << " (" << rows.size() - static_cast<std::size_t>(failed) << " of "
      << rows.size() << " rows pass)\n";

@@ -10,7 +10,7 @@
 # default 420 s):
 #   files       the pack's checksums, the libraries every binary needs (ldd), glibc / libstdc++
 #   device      nvidia-smi and the backend's own availability probe
-#   parity      test_cuda_parity, test_cuda_host, test_cuda_device (parity of every backend with the
+#   parity      test_parity, test_cuda_host, test_cuda_device (parity of every backend with the
 #               oracle, the split-K and tensor-core kernels, the host simulations, the device entry
 #               points, the sublayer, determinism), each sharded over all cores
 #   sanitizer   compute-sanitizer memcheck, racecheck, synccheck, initcheck over a subset of them
@@ -132,7 +132,7 @@ run_sharded() {  # run_sharded BINARY: JOBS shards in parallel, GoogleTest JSON 
 }
 parity() {
   local rc=0
-  for bin in test_cuda_parity test_cuda_host test_cuda_device; do run_sharded "$bin" || rc=1; done
+  for bin in test_parity test_cuda_host test_cuda_device; do run_sharded "$bin" || rc=1; done
   return $rc
 }
 export -f run_sharded parity
@@ -182,7 +182,7 @@ else
     extra=()
     [[ $tool == memcheck ]] && extra=(--leak-check full)
     ( timeout "$limit" "$SAN" --tool "$tool" --error-exitcode 1 --print-limit 20 "${extra[@]}" \
-        "$PACK/bin/test_cuda_parity" --gtest_filter="$SUBSET" >"$OUT/sanitizer/$tool.log" 2>&1 ) &
+        "$PACK/bin/test_parity" --gtest_filter="$SUBSET" >"$OUT/sanitizer/$tool.log" 2>&1 ) &
     pids+=($!)
   done
   i=0
@@ -195,7 +195,7 @@ else
     note "$(printf 'sanitizer    %-9s rc=%-3s %s %s' "$tool" "$rc" "${summary_line:-no summary}" "$tests_line")"
     ((rc != 0)) && status=1
   done
-  note "sanitizer    $((SECONDS - t0))s over $(echo "$SUBSET" | tr ':' '\n' | wc -l) test patterns of test_cuda_parity"
+  note "sanitizer    $((SECONDS - t0))s over $(echo "$SUBSET" | tr ':' '\n' | wc -l) test patterns of test_parity"
 fi
 
 # --- benchmarks, then torch SDPA on the same shapes (the GPU otherwise idle) -------------------------------

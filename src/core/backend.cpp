@@ -1,82 +1,182 @@
-// Backend dispatch (include/oasis/backends/backend.hpp).
-#include "oasis/backends/backend.hpp"
+// The backend registry and dispatch (oasis/backends/registry.hpp, oasis/backends/backend.hpp).
+#include <deque>
+#include <mutex>
 
-#include "oasis/grad/instances.hpp"
+#include "backend_registry.hpp"
+#include "oasis/backends/backend.hpp"
 #include "oasis/core/instances.hpp"
+#include "oasis/grad/instances.hpp"
 
 namespace oasis {
+namespace {
+
+/// The library's backends, one line per backend folder: first the enumerators of enum class
+/// Backend, in their order; a backend without an enumerator after them (reached by its name).
+const std::vector<const BackendOps*>& library_backends() {
+  static const std::vector<const BackendOps*> list{
+      &detail::reference_backend(),
+      &detail::cpu_fast_backend(),
+      &detail::cuda_backend(),
+  };
+  return list;
+}
+
+/// The backends added by register_backend: each table with its own copy of the name.
+struct Registered {
+  std::string name;
+  BackendOps ops;
+};
+
+struct Extra {
+  std::mutex mutex;
+  std::deque<Registered> backends;  // a deque keeps the tables where they are as it grows
+
+  /// The table of that name, with the mutex held.
+  const BackendOps* find_locked(std::string_view name) const {
+    for (const BackendOps* b : library_backends())
+      if (b->name == name) return b;
+    for (const Registered& r : backends)
+      if (r.ops.name == name) return &r.ops;
+    return nullptr;
+  }
+};
+
+Extra& extra() {
+  static Extra e;
+  return e;
+}
+
+const BackendOps* find(std::string_view name) {
+  Extra& e = extra();
+  const std::lock_guard<std::mutex> lock(e.mutex);
+  return e.find_locked(name);
+}
+
+constexpr std::size_t kEnumerators = static_cast<std::size_t>(Backend::cuda) + 1;
+
+/// The table of an enumerator; nullptr for a value outside the enumeration.
+const BackendOps* find(Backend b) {
+  const auto i = static_cast<std::size_t>(b);
+  return i < kEnumerators ? library_backends()[i] : nullptr;
+}
+
+void require_available(const BackendOps& b) {
+  const std::string why = backend_unavailable_reason(b);
+  OASIS_REQUIRE(why.empty(), "backend", b.name, " is not available: ", why);
+}
+
+}  // namespace
+
+// --- the registry -------------------------------------------------------------------------------
+
+void register_backend(const BackendOps& ops) {
+  OASIS_REQUIRE(!ops.name.empty(), "backend", "a backend needs a name");
+  OASIS_REQUIRE(ops.available && ops.token_attention && ops.token_attention_backward && ops.attn_res_route, "backend",
+                "'", ops.name, "' lacks an op (available, token_attention, token_attention_backward, attn_res_route)");
+  Extra& e = extra();
+  const std::lock_guard<std::mutex> lock(e.mutex);
+  OASIS_REQUIRE(e.find_locked(ops.name) == nullptr, "backend", "a backend named '", ops.name,
+                "' is already registered");
+  Registered& r = e.backends.emplace_back(Registered{std::string(ops.name), ops});
+  r.ops.name = r.name;
+}
+
+std::vector<const BackendOps*> registered_backends() {
+  std::vector<const BackendOps*> out = library_backends();
+  Extra& e = extra();
+  const std::lock_guard<std::mutex> lock(e.mutex);
+  for (const Registered& r : e.backends) out.push_back(&r.ops);
+  return out;
+}
+
+const BackendOps& backend_ops(std::string_view name) {
+  if (const BackendOps* b = find(name)) return *b;
+  std::string known;
+  for (const BackendOps* b : registered_backends()) known += (known.empty() ? "" : ", ") + std::string(b->name);
+  throw invalid_argument("backend", "unknown backend '" + std::string(name) + "' (registered: " + known + ")");
+}
+
+std::string backend_unavailable_reason(const BackendOps& b) {
+  std::string why;
+  return b.available(&why) ? "" : why;
+}
+
+bool backend_available(const BackendOps& b) { return backend_unavailable_reason(b).empty(); }
+
+// --- dispatch on a table: availability and shapes here, values in the op --------------------------
+
+AttentionResult<float> token_attention(const BackendOps& b, const Tensor<float>& q, const Tensor<float>& k,
+                                       const Tensor<float>& v, const AttentionOptions& opt) {
+  require_available(b);
+  check_attention_shapes(q, k, v, opt);
+  return b.token_attention(q, k, v, opt);
+}
+
+AttentionGrads<float> token_attention_backward(const BackendOps& b, const Tensor<float>& q, const Tensor<float>& k,
+                                               const Tensor<float>& v, const AttentionCotangents<float>& d,
+                                               const AttentionOptions& opt) {
+  require_available(b);
+  check_attention_shapes(q, k, v, opt);
+  return b.token_attention_backward(q, k, v, d, opt);
+}
+
+DepthRoute<float> attn_res_route(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& g_old,
+                                 const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                 const DepthOptions& opt) {
+  require_available(b);
+  check_route_shapes(sources, g_old, psi, kinds);
+  return b.attn_res_route(sources, g_old, psi, kinds, opt);
+}
+
+// --- enum class Backend: the library's tables in enumeration order ----------------------------------
 
 std::string_view to_string(Backend b) {
-  switch (b) {
-    case Backend::reference: return "reference";
-    case Backend::cpu_fast: return "cpu_fast";
-    case Backend::cuda: return "cuda";
-  }
-  return "unknown";
+  const BackendOps* t = find(b);
+  return t ? t->name : "unknown";
 }
 
 Backend parse_backend(std::string_view name) {
-  if (name == "reference") return Backend::reference;
-  if (name == "cpu_fast") return Backend::cpu_fast;
-  if (name == "cuda") return Backend::cuda;
+  for (std::size_t i = 0; i < kEnumerators; ++i)
+    if (library_backends()[i]->name == name) return static_cast<Backend>(i);
   throw invalid_argument("backend", "unknown backend '" + std::string(name) +
                                         "' (expected reference, cpu_fast or cuda)");
 }
 
+const BackendOps& backend_ops(Backend b) {
+  const BackendOps* t = find(b);
+  OASIS_REQUIRE(t != nullptr, "backend", "unknown is not available: unknown backend");
+  return *t;
+}
+
 std::string backend_unavailable_reason(Backend b) {
-  std::string why;
-  switch (b) {
-    case Backend::reference: return "";
-    case Backend::cpu_fast: return detail::cpu_fast_available(&why) ? "" : why;
-    case Backend::cuda: return detail::cuda_available(&why) ? "" : why;
-  }
-  return "unknown backend";
+  const BackendOps* t = find(b);
+  return t ? backend_unavailable_reason(*t) : "unknown backend";
 }
 
 bool backend_available(Backend b) { return backend_unavailable_reason(b).empty(); }
 
 std::vector<Backend> available_backends() {
   std::vector<Backend> out;
-  for (Backend b : {Backend::reference, Backend::cpu_fast, Backend::cuda})
-    if (backend_available(b)) out.push_back(b);
+  for (std::size_t i = 0; i < kEnumerators; ++i)
+    if (backend_available(*library_backends()[i])) out.push_back(static_cast<Backend>(i));
   return out;
-}
-
-static void require_available(Backend b) {
-  const std::string why = backend_unavailable_reason(b);
-  OASIS_REQUIRE(why.empty(), "backend", to_string(b), " is not available: ", why);
 }
 
 AttentionResult<float> token_attention(Backend b, const Tensor<float>& q, const Tensor<float>& k,
                                        const Tensor<float>& v, const AttentionOptions& opt) {
-  if (b == Backend::reference) return token_attention(q, k, v, opt);
-  require_available(b);
-  if (b == Backend::cpu_fast) {
-    check_attention_shapes(q, k, v, opt);  // the fast path checks finiteness as it reads q, k and v
-    return detail::cpu_fast_token_attention(q, k, v, opt);
-  }
-  check_attention_args(q, k, v, opt);
-  return detail::cuda_token_attention(q, k, v, opt);
+  return token_attention(backend_ops(b), q, k, v, opt);
 }
 
 AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q, const Tensor<float>& k,
                                                const Tensor<float>& v, const AttentionCotangents<float>& d,
                                                const AttentionOptions& opt) {
-  if (b == Backend::reference) return token_attention_backward(q, k, v, d, opt);
-  require_available(b);
-  if (b == Backend::cpu_fast) return detail::cpu_fast_token_attention_backward(q, k, v, d, opt);  // validates
-  check_attention_cotangents(check_attention_args(q, k, v, opt), opt, d);
-  return detail::cuda_token_attention_backward(q, k, v, d, opt);
+  return token_attention_backward(backend_ops(b), q, k, v, d, opt);
 }
 
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt) {
-  if (b == Backend::reference) return attn_res_route(sources, g_old, psi, kinds, opt);
-  require_available(b);
-  check_route_shapes(sources, g_old, psi, kinds);
-  return b == Backend::cpu_fast ? detail::cpu_fast_attn_res_route(sources, g_old, psi, kinds, opt)
-                                : detail::cuda_attn_res_route(sources, g_old, psi, kinds, opt);
+  return attn_res_route(backend_ops(b), sources, g_old, psi, kinds, opt);
 }
 
 }  // namespace oasis

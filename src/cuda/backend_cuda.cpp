@@ -1,7 +1,8 @@
 // src/cuda/backend_cuda.cpp — host side of the CUDA backend: availability, and the attention,
-// psi and pseudo-query entry points of oasis/backends/backend.hpp (detail::cuda_*) and oasis/backends/cuda.hpp,
-// which copy tensors to device buffers and launch the kernels of attention.cu and depth.cu (the
-// routing entry points are in route.cpp, the sublayer in layer.cpp).
+// psi and pseudo-query entry points of oasis/backends/cuda.hpp (availability and float32
+// attention are also ops of the backend's table, register.cpp), which copy tensors to device
+// buffers and launch the kernels of attention.cu and depth.cu (the routing entry points are in
+// route.cpp, the sublayer in layer.cpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 
 #include "attention_dispatch.hpp"
 #include "device_util.hpp"
-#include "oasis/backends/backend.hpp"
 #include "oasis/backends/cuda.hpp"
 
 namespace oasis {
@@ -365,17 +365,4 @@ Tensor<float> pseudo_query_logits(const Tensor<float>& sources, const Tensor<flo
 }
 
 }  // namespace cuda
-
-// --- the backend entry points of oasis/backends/backend.hpp -----------------------------------------------
-
-namespace detail {
-
-bool cuda_available(std::string* why) { return cuda::available(why); }
-
-AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                                            const AttentionOptions& opt) {
-  return cuda::token_attention(q, k, v, opt, cuda::KernelOptions{});
-}
-
-}  // namespace detail
 }  // namespace oasis

@@ -1,5 +1,5 @@
 // src/cuda/backward_cuda.cpp — host side of the CUDA attention backward: Backend::cuda's entry
-// point detail::cuda_token_attention_backward (oasis/backends/backend.hpp). It validates as the reference
+// point detail::cuda_token_attention_backward (entry_points.hpp). It validates as the reference
 // does, runs the fused forward (attention.cu, keeping each row's state M, S), then the backward
 // kernels of attention_backward.cu (rows, dkdv, dq), and finishes on the host what is a short
 // sum in the reference's order: each head's null-logit gradient (sum over b, t of the rows' ds)
@@ -8,8 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include "device_util.hpp"
+#include "entry_points.hpp"
 #include "launch_backward.hpp"
-#include "oasis/backends/backend.hpp"
 
 namespace oasis::detail {
 

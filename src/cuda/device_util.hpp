@@ -2,7 +2,7 @@
 // availability and argument checks shared by the host wrappers (internal to oasis_cuda).
 //
 // Names of the backend's functions, by layer:
-//   oasis::detail::cuda_<op>         Backend::cuda's entry point on host tensors (oasis/backends/backend.hpp)
+//   oasis::detail::cuda_<op>         Backend::cuda's entry point on host tensors (entry_points.hpp)
 //   oasis::cuda::<op>                a CUDA-only entry point on host tensors (oasis/backends/cuda.hpp)
 //   oasis::cuda::<op>_device         a public entry point on device buffers (oasis/backends/cuda.hpp)
 //   oasis::cuda::detail::launch_<x>  launches kernels on validated raw pointers, asynchronously

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "device_util.hpp"
-#include "oasis/backends/backend.hpp"
+#include "entry_points.hpp"
 #include "oasis/backends/cuda.hpp"
 
 namespace oasis::cuda::detail {
@@ -119,7 +119,7 @@ void pseudo_query_logits_device(const float* sources, index_t n, index_t N, inde
 
 }  // namespace oasis::cuda
 
-// --- Backend::cuda's entry point of oasis/backends/backend.hpp --------------------------------------------
+// --- Backend::cuda's entry point (entry_points.hpp) ------------------------------------------------------
 
 namespace oasis::detail {
 

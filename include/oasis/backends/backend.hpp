@@ -3,18 +3,17 @@
 //   Backend::reference  the scalar-generic reference (oasis/ops/attention.hpp, oasis/ops/depth.hpp) in float
 //   Backend::cpu_fast   fused, tiled, OpenMP CPU path (src/cpu_fast/)
 //   Backend::cuda       CUDA kernels (src/cuda/), when built with the toolkit and a device is present
-// A user switches backends by changing one argument; tests are written once, parameterised over
-// available_backends(). Every backend validates its arguments with the same checks as the
-// reference (check_attention_args) and returns the same structures.
+// A user switches backends by changing one argument. Each backend is one table of its ops
+// (oasis/backends/registry.hpp); the functions below dispatch on Backend's table, and the parity
+// tests run once over every registered table. Every backend validates its arguments with the same
+// checks as the reference (check_attention_args) and returns the same structures.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "oasis/ops/attention.hpp"
-#include "oasis/ops/depth.hpp"
-#include "oasis/grad/attention_backward.hpp"
+#include "oasis/backends/registry.hpp"
 
 namespace oasis {
 
@@ -29,6 +28,8 @@ bool backend_available(Backend b);
 std::string backend_unavailable_reason(Backend b);
 /// Every backend usable in this process, reference first.
 std::vector<Backend> available_backends();
+/// The table of a backend (oasis/backends/registry.hpp).
+const BackendOps& backend_ops(Backend b);
 
 /// Token attention (docs/spec.md §2) on the chosen backend; throws oasis::invalid_argument when the
 /// backend is unavailable or the arguments are invalid.
@@ -52,28 +53,5 @@ AttentionGrads<float> token_attention_backward(Backend b, const Tensor<float>& q
 DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const Tensor<float>& g_old,
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt = {});
-
-namespace detail {
-// Implemented by each backend's translation units (src/cpu_fast/backend_cpu_fast.cpp, src/cuda/ or
-// src/core/backend_cuda_absent.cpp). Arguments are already validated by the dispatcher.
-bool cpu_fast_available(std::string* why);
-AttentionResult<float> cpu_fast_token_attention(const Tensor<float>& q, const Tensor<float>& k,
-                                                const Tensor<float>& v, const AttentionOptions& opt);
-AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
-                                                        const Tensor<float>& v, const AttentionCotangents<float>& d,
-                                                        const AttentionOptions& opt);
-DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
-                                          const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
-                                          const DepthOptions& opt);
-bool cuda_available(std::string* why);
-AttentionResult<float> cuda_token_attention(const Tensor<float>& q, const Tensor<float>& k,
-                                            const Tensor<float>& v, const AttentionOptions& opt);
-AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>& q, const Tensor<float>& k,
-                                                    const Tensor<float>& v, const AttentionCotangents<float>& d,
-                                                    const AttentionOptions& opt);
-DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
-                                      const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
-                                      const DepthOptions& opt);
-}  // namespace detail
 
 }  // namespace oasis

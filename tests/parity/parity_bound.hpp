@@ -1,7 +1,7 @@
-// tests/support/parity_bound.hpp — the kernel parity rule (bounds::check_parity; derivation in
+// tests/parity/parity_bound.hpp — the kernel parity rule (bounds::check_parity; derivation in
 // docs/tolerances.md, "Fused kernels") over every output of an attention call and of its
-// backward, shared by the cpu_fast tests and the benchmarks' validation before timing (no
-// GoogleTest here).
+// backward, shared by the cpu_fast tests, the backend recipe's test and the benchmarks'
+// validation before timing (no GoogleTest here).
 #pragma once
 
 #include "oasis/ops/error_bounds.hpp"

@@ -1,4 +1,4 @@
-// tests/cuda/random_attention_case.hpp — the random attention instance of the rapidcheck parity
+// tests/parity/random_attention_case.hpp — the random attention instance of the rapidcheck parity
 // properties (forward and backward): shapes across the kernels' tiling edges (Tq 1..48 and
 // Tk 1..100 around the 16-query and 32-key tiles, head sizes 1..128, d_v != d_h), GQA, causal
 // with Tq > Tk, padding lengths down to 0, both normalisers, null logits, scores scaled up to 40,

@@ -1,6 +1,6 @@
-// tests/cuda/parity_rule.hpp — the kernel parity rule (bounds::check_parity; derivation in
-// docs/tolerances.md, "Fused kernels") as a GoogleTest assertion, and the attention instances of
-// the parity tests.
+// tests/parity/parity_rule.hpp — the kernel parity rule (bounds::check_parity; derivation in
+// docs/tolerances.md, "Fused kernels") as a GoogleTest assertion, the backends a parity program
+// runs, and the attention instances of the parity tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,11 +20,6 @@
 #include "oasis/core/tensor.hpp"
 #include "oasis_random.hpp"
 
-namespace oasis {
-/// GoogleTest prints a backend parameter by name (test names in ctest stay readable).
-inline void PrintTo(Backend b, std::ostream* os) { *os << to_string(b); }
-}  // namespace oasis
-
 namespace oasis::test {
 
 /// |a - b| with equal infinities at distance 0 (NaN propagates and fails a comparison).
@@ -33,20 +28,26 @@ inline double abs_err(double a, double b) {
   return std::abs(a - b);
 }
 
-/// The backends a parity program runs: the emulator build (test_cuda_emu_parity) the CUDA backend
-/// only, the CPU backends running in test_cuda_parity.
-inline std::vector<Backend> parity_backends() {
-#if defined(OASIS_CUDA_EMU)
-  return {Backend::cuda};
-#else
-  return {Backend::reference, Backend::cpu_fast, Backend::cuda};
+/// The names of the backends a parity program runs: every registered backend
+/// (oasis/backends/registry.hpp), available or not, or in a program built with
+/// OASIS_PARITY_BACKENDS="a,b" only those (the emulator's programs: "cuda", the CPU backends
+/// running in test_parity). Called from the test generators, after every registration.
+inline std::vector<std::string> parity_backends() {
+  std::vector<std::string> out;
+  for (const BackendOps* b : registered_backends()) {
+    const std::string name(b->name);
+#if defined(OASIS_PARITY_BACKENDS)
+    if (std::string("," OASIS_PARITY_BACKENDS ",").find("," + name + ",") == std::string::npos) continue;
 #endif
+    out.push_back(name);
+  }
+  return out;
 }
 
-/// A backend that is not available in this process skips the test with its reason.
+/// A backend (a BackendOps) that is not available in this process skips the test with its reason.
 #define OASIS_SKIP_UNLESS_AVAILABLE(b)                                                               \
   if (!backend_available(b))                                                                         \
-  GTEST_SKIP() << "backend " << to_string(b) << " is not available: " << backend_unavailable_reason(b)
+  GTEST_SKIP() << "backend " << (b).name << " is not available: " << backend_unavailable_reason(b)
 
 /// A per-case seed offset from the case's name.
 inline std::uint64_t salt_of(const std::string& s) { return std::hash<std::string>{}(s) % 1000003ULL; }
@@ -200,6 +201,23 @@ inline bool fully_masked_row(const AttentionShape& s, const AttentionOptions& op
   for (index_t j = kr.begin; j < kr.end; ++j)
     if (!(std::isinf(attention_bias(opt, b, h, t, j)) && attention_bias(opt, b, h, t, j) < 0)) return false;
   return true;
+}
+
+/// check(s, b, h, t) on every row without a visible key, up to the first failure; the success
+/// counts the rows, followed by `what`.
+template <class Check>
+::testing::AssertionResult check_fully_masked_rows(const AttentionInputs& in, const char* what, Check check) {
+  const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
+  index_t rows = 0;
+  for (index_t b = 0; b < s.B; ++b)
+    for (index_t h = 0; h < s.H; ++h)
+      for (index_t t = 0; t < s.Tq; ++t) {
+        if (!fully_masked_row(s, in.opt, b, h, t)) continue;
+        ++rows;
+        ::testing::AssertionResult r = check(s, b, h, t);
+        if (!r) return r;
+      }
+  return ::testing::AssertionSuccess() << rows << what;
 }
 
 /// Element (b, h, t, c) of an output in the layout of `opt`.

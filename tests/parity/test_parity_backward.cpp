@@ -1,10 +1,10 @@
-// Attention backward: parity of every backend (reference, cpu_fast, cuda; on the CUDA emulator in
-// the emu. programs) with the high-precision oracle under the kernel parity rule (parity_rule.hpp;
-// docs/tolerances.md, "Fused kernels"), the floor being the derived bound of the float reference's
-// backward (bounds::attention_backward_bounds); rows without a visible key exactly zero; the
-// backward's mistakes rejected (null gradient dropped, D without the null, GQA not summed);
-// invalid input named as the reference names it. Written once over the backends; an unavailable
-// backend skips with its reason.
+// Attention backward: parity of every registered backend (parity_backends(); the CUDA backend on
+// the CUDA emulator in the emu. programs) with the high-precision oracle under the kernel parity
+// rule (parity_rule.hpp; docs/tolerances.md, "Fused kernels"), the floor being the derived bound
+// of the float reference's backward (bounds::attention_backward_bounds); rows without a visible
+// key exactly zero; the backward's mistakes rejected (null gradient dropped, D without the null,
+// GQA not summed); invalid input named as the reference names it. Written once over the
+// backends; an unavailable backend skips with its reason.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "oasis/backends/backend.hpp"
+#include "oasis/backends/registry.hpp"
 #include "oasis/grad/backward_bounds.hpp"
 #include "oasis/grad/instances.hpp"
 #include "oasis/core/instances.hpp"
@@ -25,8 +25,6 @@ namespace {
 
 /// The oracle: long double (u = 2^-64).
 using HP = long double;
-
-const std::vector<Backend> kBackends = parity_backends();
 
 /// Float-exact cotangents: dout, dLSE and (softmax1) dp_null, N(0, 1).
 AttentionCotangents<float> make_cotangents(const AttentionCase& c, const AttentionOptions& opt, std::uint64_t salt) {
@@ -65,24 +63,19 @@ Oracle oracle(const AttentionInputs& in, const AttentionCotangents<float>& d) {
 
 /// Rows without a visible key pass nothing to q (and their dL/dz is zero).
 ::testing::AssertionResult masked_rows_zero(const AttentionGrads<float>& g, const AttentionInputs& in) {
-  const AttentionShape s = check_attention_args(in.q, in.k, in.v, in.opt);
-  index_t rows = 0;
-  for (index_t b = 0; b < s.B; ++b)
-    for (index_t h = 0; h < s.H; ++h)
-      for (index_t t = 0; t < s.Tq; ++t) {
-        if (!fully_masked_row(s, in.opt, b, h, t)) continue;
-        ++rows;
-        for (index_t c = 0; c < s.d_h; ++c)
-          if (out_at(g.q, in.opt, b, h, t, c) != 0.0f)
-            return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") dq[" << c
-                                                 << "] = " << out_at(g.q, in.opt, b, h, t, c);
-        if (!g.scores.empty())
-          for (index_t j = 0; j < s.Tk; ++j)
-            if (g.scores(b, h, t, j) != 0.0f)
-              return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") dz[" << j
-                                                   << "] = " << g.scores(b, h, t, j);
-      }
-  return ::testing::AssertionSuccess() << rows << " fully masked rows with zero gradients";
+  return check_fully_masked_rows(in, " fully masked rows with zero gradients",
+                                 [&](const AttentionShape& s, index_t b, index_t h, index_t t) -> ::testing::AssertionResult {
+    for (index_t c = 0; c < s.d_h; ++c)
+      if (out_at(g.q, in.opt, b, h, t, c) != 0.0f)
+        return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") dq[" << c
+                                             << "] = " << out_at(g.q, in.opt, b, h, t, c);
+    if (!g.scores.empty())
+      for (index_t j = 0; j < s.Tk; ++j)
+        if (g.scores(b, h, t, j) != 0.0f)
+          return ::testing::AssertionFailure() << "masked row (" << b << "," << h << "," << t << ") dz[" << j
+                                               << "] = " << g.scores(b, h, t, j);
+    return ::testing::AssertionSuccess();
+  });
 }
 
 /// The rule for every gradient the options ask for, then the masked rows.
@@ -105,13 +98,14 @@ std::vector<::testing::AssertionResult> backward_parity(const AttentionGrads<flo
   return r;
 }
 
-class BackwardParity : public ::testing::TestWithParam<std::tuple<Backend, AttentionCase>> {};
+class BackwardParity : public ::testing::TestWithParam<std::tuple<std::string, AttentionCase>> {};
 
 // The forward's cases (parity_rule.hpp): GQA, causal with padding, fully masked rows of both
 // normalisers, extreme logits, odd and mixed head sizes, windows, biases of every broadcast shape
 // with masked rows, both layouts; dLSE and dp_null given.
 TEST_P(BackwardParity, WithinTwiceReferenceErrorPlusFloor) {
-  const auto& [backend, c] = GetParam();
+  const auto& [name, c] = GetParam();
+  const BackendOps& backend = backend_ops(name);
   OASIS_SKIP_UNLESS_AVAILABLE(backend);
   const AttentionInputs in = make_inputs(c, salt_of(c.name) + 11);
   const AttentionCotangents<float> d = make_cotangents(c, in.opt, salt_of(c.name));
@@ -120,15 +114,15 @@ TEST_P(BackwardParity, WithinTwiceReferenceErrorPlusFloor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackwardParity,
-                         ::testing::Combine(::testing::ValuesIn(kBackends), ::testing::ValuesIn(attention_cases())),
-                         [](const auto& info) {
-                           return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
-                         });
+                         ::testing::Combine(::testing::ValuesIn(parity_backends()),
+                                            ::testing::ValuesIn(attention_cases())),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 // Random shapes over the kernels' tiling edges (random_attention_case, as the forward: query and key
 // counts off the tiles, head sizes 1..128, d_v != d_h, GQA, causal with Tq > Tk, padding down to 0,
 // both normalisers, null logits, extreme logits, windows, biases with masks and fully masked rows,
-// both layouts), dLSE and dp_null given or not; every fast backend of this process.
+// both layouts), dLSE and dp_null given or not; every backend but the reference available in this
+// process.
 RC_GTEST_PROP(RandomShapeBackwardParity, FastBackendsWithinTwiceReferenceErrorPlusFloor, ()) {
   const AttentionCase c = random_attention_case();
   const std::uint64_t seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
@@ -138,13 +132,14 @@ RC_GTEST_PROP(RandomShapeBackwardParity, FastBackendsWithinTwiceReferenceErrorPl
   if (*rc::gen::arbitrary<bool>()) d.p_null = Tensor<float>();
   const Oracle o = oracle(in, d);
   int ran = 0;
-  for (const Backend backend : kBackends) {
-    if (backend == Backend::reference || !backend_available(backend)) continue;
+  for (const std::string& name : parity_backends()) {
+    const BackendOps& backend = backend_ops(name);
+    if (name == "reference" || !backend_available(backend)) continue;
     ++ran;
     const AttentionGrads<float> got = token_attention_backward(backend, in.q, in.k, in.v, d, in.opt);
     for (const ::testing::AssertionResult& r : backward_parity(got, in, o))
       if (!r)
-        RC_FAIL(std::string(to_string(backend)) + " [B H H_kv Tq Tk d_h d_v] = [" + std::to_string(c.B) + " " +
+        RC_FAIL(name + " [B H H_kv Tq Tk d_h d_v] = [" + std::to_string(c.B) + " " +
                 std::to_string(c.H) + " " + std::to_string(c.H_kv) + " " + std::to_string(c.Tq) + " " +
                 std::to_string(c.Tk) + " " + std::to_string(c.d_h) + " " + std::to_string(c.d_v) + "] " +
                 std::string(to_string(c.normalizer)) + (c.causal ? " causal" : "") + " window " +
@@ -156,7 +151,7 @@ RC_GTEST_PROP(RandomShapeBackwardParity, FastBackendsWithinTwiceReferenceErrorPl
   RC_TAG(c.bias != BiasKind::none ? "bias" : "no bias");
 }
 
-class BackwardBackend : public ::testing::TestWithParam<Backend> {};
+class BackwardBackend : public ::testing::TestWithParam<std::string> {};
 
 // The rule has power over each backend's backward: a gradient with one of these mistakes, made by
 // the backend itself on inputs that are equivalent to it, is rejected.
@@ -167,7 +162,7 @@ class BackwardBackend : public ::testing::TestWithParam<Backend> {};
 //   GQA not summed           dk, dv of a kv head from its last query head only: the backward with
 //                            the other heads' cotangents zero
 TEST_P(BackwardBackend, RejectsTheMutants) {
-  const Backend backend = GetParam();
+  const BackendOps& backend = backend_ops(GetParam());
   OASIS_SKIP_UNLESS_AVAILABLE(backend);
   const AttentionCase c = attention_cases()[0];  // GQA 2:1, causal, padding, null logits, d = 64
   const AttentionInputs in = make_inputs(c, 31);
@@ -220,7 +215,7 @@ TEST_P(BackwardBackend, RejectsTheMutants) {
 
 // Invalid input gets the reference's error (the same argument named) on every backend.
 TEST_P(BackwardBackend, InvalidInputNamesTheArgument) {
-  const Backend backend = GetParam();
+  const BackendOps& backend = backend_ops(GetParam());
   OASIS_SKIP_UNLESS_AVAILABLE(backend);
   const auto cs = attention_cases();
   const AttentionInputs in = make_inputs(cs[0], 41);
@@ -262,8 +257,8 @@ TEST_P(BackwardBackend, InvalidInputNamesTheArgument) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BackwardBackend, ::testing::ValuesIn(kBackends),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Backends, BackwardBackend, ::testing::ValuesIn(parity_backends()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace oasis::test

@@ -16,6 +16,7 @@
 
 #include "fd_support.hpp"
 #include "model_grad_support.hpp"
+#include "oasis/research/quant_presets.hpp"
 #include "oasis/io/dtype.hpp"
 
 using namespace oasis;

@@ -14,6 +14,12 @@
 //   BM_Verify_model_logits/...       the same two models, logits only (the end-to-end verdict: the
 //                                    double replay with its error estimated by a long double replay,
 //                                    docs/verify-model.md "The model level's fast oracle")
+//   BM_VerifyAnswers_attention{,_backward}_{causal,gptoss}/{correct,one_wrong,all_wrong}
+//                                    failing fast (docs/policies.md): the same check on the correct
+//                                    outputs (gradients), on one element moved far off, and on every
+//                                    element wrong, beside the cpu_fast kernel computing the op in the
+//                                    same run (`kernel_s`, `check_per_kernel`); the counters
+//                                    `mp50_rows`, `verdict_certain` tell what the check did
 // Targets (docs/benchmarks.md): <= 30 s, <= 30 s and <= 10 s on the 2-core benchmark machine; the
 // model checks <= 5 s (d = 256) and <= 300 s (GPT-2 small), full trace or logits only.
 #include <benchmark/benchmark.h>
@@ -42,6 +48,8 @@ struct Problem {
   io::TensorMap in, out;
   io::json::Value options;
   index_t rows = 0;  ///< rows of the check (attention: B H Tq; depth: tokens)
+  Tensor<float> q, k, v, dout;  ///< attention: the kernel's inputs (BM_VerifyAnswers)
+  AttentionOptions opt;
 };
 
 io::StoredTensor stored(const Tensor<float>& t) { return {io::DType::f32, t.cast<double>()}; }
@@ -77,6 +85,31 @@ std::unique_ptr<Problem> attention_problem(index_t H, index_t H_kv, index_t T, i
   p->out.emplace("lse", stored(r.lse));
   p->out.emplace("p_null", stored(r.p_null));
   p->rows = H * T;
+  p->q = q;
+  p->k = k;
+  p->v = v;
+  p->opt = o;
+  return p;
+}
+
+/// The backward of attention_problem: cotangent grad_out ~ N(0, 1), the gradients of cpu_fast.
+std::unique_ptr<Problem> attention_backward_problem(index_t H, index_t H_kv, index_t T, index_t d, bool sinks) {
+  std::unique_ptr<Problem> p = attention_problem(H, H_kv, T, d, sinks);
+  auto rng = test::make_rng(77 + static_cast<std::uint64_t>(H));
+  p->op = "attention_backward";
+  p->dout = test::randn<float>({1, H, T, d}, rng);
+  AttentionCotangents<float> dc;
+  dc.out = p->dout;
+  const AttentionGrads<float> g = token_attention_backward(Backend::cpu_fast, p->q, p->k, p->v, dc, p->opt);
+  p->in.emplace("grad_out", stored(p->dout));
+  if (sinks) p->in.emplace("null_logits", io::StoredTensor{io::DType::f32, Tensor<double>({H}, p->opt.null_logits)});
+  p->out.clear();
+  p->out.emplace("grad_q", stored(g.q));
+  p->out.emplace("grad_k", stored(g.k));
+  p->out.emplace("grad_v", stored(g.v));
+  if (sinks) p->out.emplace("grad_null_logits", stored(g.null_logits));
+  std::string opts = R"({"causal": true})";
+  p->options = io::json::parse(opts);
   return p;
 }
 
@@ -136,6 +169,65 @@ static void verify_bench(benchmark::State& state, Problem& p) {
   state.counters["mp50_s_estimate"] = mp50_s;
   state.counters["speedup_vs_mp50"] = seconds > 0 ? mp50_s / seconds : 0.0;
   state.SetLabel(rep.oracle);
+}
+
+/// Failing fast: one check of `p`'s outputs as they are (0), with one element moved far off (1) or
+/// with every element wrong (2), beside the cpu_fast kernel computing the same op in the same run.
+static void answers_bench(benchmark::State& state, Problem& p) {
+  const int which = static_cast<int>(state.range(0));
+  io::TensorMap out = p.out;
+  for (auto& [name, t] : out)
+    for (index_t i = 0; i < t.values.size(); ++i)
+      if (which == 2 || (which == 1 && i == t.values.size() / 2 && name == out.begin()->first))
+        t.values[i] = t.values[i] * 1.5 + 1.0;
+  verify::CompareOptions co;
+  co.show = 3;
+  verify::CompareReport rep;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rep = verify::check(p.op, p.in, out, p.options, co);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (rep.passed != (which == 0)) abort_run(p.op + ": unexpected verdict\n" + verify::format_report(rep));
+  const auto t0 = std::chrono::steady_clock::now();
+  if (p.op == "attention") {
+    benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, p.q, p.k, p.v, p.opt));
+  } else {
+    AttentionCotangents<float> dc;
+    dc.out = p.dout;
+    benchmark::DoNotOptimize(token_attention_backward(Backend::cpu_fast, p.q, p.k, p.v, dc, p.opt));
+  }
+  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bool certain = false;
+  for (const auto& t : rep.tensors) certain = certain || t.certain_failure;
+  state.counters["check_s"] = seconds;
+  state.counters["kernel_s"] = kernel_s;
+  state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
+  state.counters["mp50_rows"] = static_cast<double>(rep.mp50_rows);
+  state.counters["verdict_certain"] = certain ? 1.0 : 0.0;
+  state.SetLabel(which == 0 ? "correct" : which == 1 ? "one_wrong" : "all_wrong");
+}
+
+static Problem& causal_fwd() {
+  static std::unique_ptr<Problem> p = attention_problem(32, 32, 4096, 128, false);
+  return *p;
+}
+static Problem& gptoss_fwd() {
+  static std::unique_ptr<Problem> p = attention_problem(64, 8, 4096, 64, true);
+  return *p;
+}
+static void BM_VerifyAnswers_attention_causal_32x4096x128(benchmark::State& state) { answers_bench(state, causal_fwd()); }
+static void BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks(benchmark::State& state) {
+  answers_bench(state, gptoss_fwd());
+}
+static void BM_VerifyAnswers_attention_backward_causal_32x4096x128(benchmark::State& state) {
+  static std::unique_ptr<Problem> p = attention_backward_problem(32, 32, 4096, 128, false);
+  answers_bench(state, *p);
+}
+static void BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks(benchmark::State& state) {
+  static std::unique_ptr<Problem> p = attention_backward_problem(64, 8, 4096, 64, true);
+  answers_bench(state, *p);
 }
 
 static void BM_Verify_attention_causal_32x4096x128(benchmark::State& state) {
@@ -244,6 +336,10 @@ static void BM_Verify_model_logits_gpt2small_d768_12blocks_T512(benchmark::State
   model_bench(state, gpt2_small(), 512, false);
 }
 
+BENCHMARK(BM_VerifyAnswers_attention_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyAnswers_attention_backward_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_depth_8192_tokens_33_sources_d2048)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();

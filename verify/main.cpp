@@ -2,11 +2,13 @@
 //
 //   oasis-verify [selfcheck] [--json FILE] [--only ID]... [--instances N] [--seed S] [--quiet]
 //   oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]
-//                               [--html FILE] [--no-progress]
+//                               [--mp50-budget N] [--mp50-memory B] [--html FILE] [--no-progress]
 //   oasis-verify figures MODEL TRACE --out DIR
 //   oasis-verify help | --help | <subcommand> --help
-// Exit status: 0 everything passed, 1 a check or a comparison failed, 2 usage or input error
+// Exit status: 0 everything passed, 1 a check or a comparison failed (or was left undecided), 2 usage or input error
 // (unknown option, unreadable or malformed file, missing tensor, invalid configuration).
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -50,6 +52,7 @@ const char* kSelfcheckHelp =
 
 const char* kCompareHelp =
     "usage: oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]\n"
+    "                             [--mp50-budget N] [--mp50-memory B] [--html FILE] [--no-progress]\n"
     "\n"
     "Recomputes an op with the oracle from the inputs another implementation used, and compares that\n"
     "implementation's outputs element by element on two lines (docs/verify.md, docs/tolerances.md):\n"
@@ -63,7 +66,8 @@ const char* kCompareHelp =
     "or safetensors (F16, BF16, F32, F64; ids also I32, I64).\n"
     "Op model checks every trace tensor against what the configured model computes from the\n"
     "tensors it reads, names the first wrong step, and gives logits without their producers an\n"
-    "end-to-end verdict. Exit status: 0 all passed, 1 a tensor failed, 2 an input error (also: a\n"
+    "end-to-end verdict. Exit status: 0 all passed, 1 a tensor failed or was left\n"
+    "undecided (UNDECIDED: past the mp50 budget), 2 an input error (also: a\n"
     "trace that checks nothing, an unknown tensor name, a step whose inputs the trace lacks).\n"
     "  --json FILE      also write the report as JSON\n"
     "  --show N         mismatching elements listed per tensor (default 5)\n"
@@ -76,6 +80,10 @@ const char* kCompareHelp =
     "  --sample N       check N rows drawn at random (attention: (b, h, t); depth, coupling: tokens;\n"
     "                   normalizer: rows of z); unchecked rows can hide errors (default 0: all rows)\n"
     "  --seed S         seed of --sample (default 20261129)\n"
+    "  --mp50-budget N  the fast oracle recomputes what double leaves undecided in mp50 only up to about\n"
+    "                   N multiply-adds (default 2e9, about a minute on two cores); past it those elements\n"
+    "                   stay undecided and are listed, and the verdict is not PASS (docs/policies.md)\n"
+    "  --mp50-memory B  ... and only while the mp50 values it holds take at most B bytes (default 4e9)\n"
     "  --html FILE      also write the report as one self-contained HTML page: per tensor heat maps of\n"
     "                   err/bound, its histogram, the worst elements; the model's steps (docs/report.md)\n"
     "  --no-progress    no progress line on stderr (shown only when stderr is a terminal and the\n"
@@ -103,6 +111,17 @@ bool parse_int(const std::string& s, long long lo, long long hi, long long* out)
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (errno || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+/// A number (strtod: 2e9, inf), whole string.
+bool parse_number(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno == ERANGE || *end || std::isnan(v)) return false;
   *out = v;
   return true;
 }
@@ -181,6 +200,12 @@ int cmd_compare(const std::vector<std::string>& args) {
       if (i + 1 >= args.size() || !parse_int(args[i + 1], 0, 9223372036854775807LL, &n))
         return usage_error("--seed needs a non-negative integer", help.c_str());
       opt.seed = static_cast<std::uint64_t>(n);
+      ++i;
+    } else if (a == "--mp50-budget" || a == "--mp50-memory") {
+      double x = -1;
+      if (i + 1 >= args.size() || !parse_number(args[i + 1], &x) || x < 0)
+        return usage_error(a + " needs a non-negative number", help.c_str());
+      (a == "--mp50-budget" ? opt.mp50_budget : opt.mp50_memory) = x;
       ++i;
     } else if (a == "--html") {
       if (i + 1 >= args.size()) return usage_error("--html needs a file name", help.c_str());

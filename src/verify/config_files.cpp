@@ -2,6 +2,8 @@
 // and the comparison options (compare_options, oasis/verify/compare.hpp).
 #include "config_files.hpp"
 
+#include <cmath>
+
 #include "oasis/core/error.hpp"
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
@@ -111,8 +113,14 @@ CompareOptions compare_options(const Value& v) {
       std::uint64_t n = 0;
       OASIS_REQUIRE(x.as_uint64(&n), "seed", "must be a non-negative integer");
       opt.seed = n;
+    } else if (key == "mp50_budget" || key == "mp50_memory") {
+      const double n = x.is_number() ? x.as_double() : -1.0;
+      OASIS_REQUIRE(n >= 0 && !std::isnan(n), key,
+                    key == "mp50_budget" ? "must be a non-negative number (mp50 multiply-adds)" : "must be a non-negative number (bytes)");
+      (key == "mp50_budget" ? opt.mp50_budget : opt.mp50_memory) = n;
     } else {
-      throw invalid_argument(key, "unknown comparison option (known: show, policy, oracle, sample, seed)");
+      throw invalid_argument(key, "unknown comparison option (known: show, policy, oracle, sample, seed, mp50_budget, "
+                                  "mp50_memory)");
     }
   }
   return opt;

@@ -96,7 +96,7 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   if (opt.policy != Policy::worst_case) {
     std::string soft;
     for (const auto& t : rep.tensors)
-      if (!t.informative && !t.passed && !t.certain_failure && t.problem.empty() &&
+      if (!t.informative && t.violations > 0 && !t.certain_failure && t.problem.empty() &&
           (t.dtype == DType::f16 || t.dtype == DType::bf16))
         soft += (soft.empty() ? "" : ", ") + t.name;
     if (!soft.empty())

@@ -88,6 +88,15 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
                  allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho));
 }
 
+/// The (b, h, t) of flat row `row` (rows in (b, h, t) order), for flat_of.
+AttnRow row_at(const AttnCall& c, index_t row) {
+  AttnRow r;
+  r.t = row % c.s.Tq;
+  r.h = (row / c.s.Tq) % c.s.H;
+  r.b = row / (c.s.Tq * c.s.H);
+  return r;
+}
+
 std::string row_label(const AttnCall& c, index_t row) {
   const index_t t = row % c.s.Tq, h = (row / c.s.Tq) % c.s.H, b = row / (c.s.Tq * c.s.H);
   return "(" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(t) + ")";
@@ -205,8 +214,40 @@ CompareReport run(const OpCall& call) {
       }
       i = j;
     }
-    // the open elements, their rows recomputed in mp50
-    const auto spans = group_by(open, [](const Open& x) { return x.row; });  // [first, last) per row
+    // The open elements, their rows recomputed in mp50 (docs/policies.md, "Failing fast"): none of a
+    // tensor already FAIL-certain (their verdicts cannot change it), and only the rows within the
+    // budget, in row order; the others' elements stay undecided.
+    const std::size_t n_open = open.size();
+    open.erase(std::remove_if(open.begin(), open.end(),
+                              [&](const Open& x) {
+                                TensorCheck& chk = checks[static_cast<std::size_t>(x.target)];
+                                if (!chk.failed_certain()) return false;
+                                chk.leave_undecided(flat_of(c, row_at(c, x.row), targets[static_cast<std::size_t>(x.target)].kind, x.elem));
+                                return true;
+                              }),
+               open.end());
+    if (open.size() < n_open)
+      rep.notes.push_back(std::to_string(n_open - open.size()) +
+                          " elements left undecided by the double oracle were not recomputed in mp50: each lies in a "
+                          "tensor already FAIL-certain, whose verdict they cannot change");
+    auto spans = group_by(open, [](const Open& x) { return x.row; });  // [first, last) per row
+    const double row_work = static_cast<double>(c.s.Tk) * static_cast<double>(c.s.d_h + c.s.d_v + (c.probs_needed ? 1 : 0));
+    const double row_bytes = static_cast<double>(sizeof(mp50)) * static_cast<double>(c.s.Tk) * 4.0 * omp_get_max_threads();
+    std::size_t fit = spans.size();
+    if (!mp50_fits(rep, row_work * static_cast<double>(spans.size()), row_bytes, copt,
+                   "the " + std::to_string(spans.size()) + " rows holding undecided elements were")) {
+      fit = row_bytes > copt.mp50_memory ? 0 : static_cast<std::size_t>(std::min<double>(spans.size(), copt.mp50_budget / row_work));
+      rep.notes.back() += "; " + std::to_string(fit) + " of them (the first) recomputed within it, the rest left undecided";
+      for (std::size_t x = fit; x < spans.size(); ++x)
+        for (std::size_t y = spans[x].first; y < spans[x].second; ++y) {
+          const Open& u = open[y];
+          checks[static_cast<std::size_t>(u.target)].leave_undecided(
+              flat_of(c, row_at(c, u.row), targets[static_cast<std::size_t>(u.target)].kind, u.elem));
+        }
+      spans.resize(fit);
+    }
+    rep.mp50_rows = static_cast<index_t>(spans.size());
+    rep.mp50_work = row_work * static_cast<double>(spans.size());
 #pragma omp parallel if (spans.size() > 1)
     {
       std::vector<TensorCheck> mine = fresh_checks();

@@ -60,7 +60,9 @@ CompareReport run(const OpCall& c) {
     // coefficients come from the double forward) folded in, and the policy's terms within a relative
     // kRho of their values at the exact forward (each is a sum of magnitudes scaled by u_D, whose
     // double evaluation is ~1e-16 relative). An element either line leaves undecided sends the
-    // whole op to mp50 (the gradients of k, v and the null logits are sums over every row).
+    // whole op to mp50 (the gradients of k, v and the null logits are sums over every row), unless
+    // every tensor holding one is already FAIL-certain or the recomputation is past the budget
+    // (docs/policies.md, "Failing fast").
     constexpr double kRho = 1e-6;
     const Tensor<double> qd = as<double>(q), kd = as<double>(k), vd = as<double>(v);
     const AttentionCotangents<double> dd = cot(double{});
@@ -79,7 +81,31 @@ CompareReport run(const OpCall& c) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
     }
+    bool needed = false;  // some undecided element could still change its tensor's verdict
+    for (const TensorReport& t : rep.tensors) needed = needed || (t.undecided > 0 && !t.certain_failure);
+    const AttentionShape s = check_attention_shapes(qd, kd, vd, a);
+    // mp50 forward (q k, p v) and backward (q k again, dO v, dS k, dS q, P dO) per (row, key), and
+    // the probabilities of every row held at once besides one head's P, dP and dS
+    const double pairs = static_cast<double>(s.B * s.H * s.Tq) * static_cast<double>(s.Tk);
+    const double work = pairs * static_cast<double>(4 * s.d_h + 3 * s.d_v);
+    const double bytes =
+        static_cast<double>(sizeof(mp50)) * (pairs + 3.0 * static_cast<double>(s.Tq * s.Tk) +
+                                             static_cast<double>(q.values.size() + k.values.size() + v.values.size()) * 2);
+    const std::string kept = "fast (double, its own error bound folded in; " + std::to_string(undecided) +
+                             " elements undecided, 0 rows recomputed in mp50)";
+    if (!needed) {
+      rep.notes.push_back("the elements left undecided by the double oracle were not recomputed in mp50: each lies "
+                          "in a tensor already FAIL-certain, whose verdict they cannot change");
+      rep.oracle = kept;
+      return rep;
+    }
+    if (!mp50_fits(rep, work, bytes, c.compare, "the backward (its k, v and null-logit gradients sum over every row: the whole op)")) {
+      rep.oracle = kept;
+      return rep;
+    }
     rep = CompareReport{};
+    rep.mp50_rows = s.B * s.H * s.Tq;
+    rep.mp50_work = work;
     rep.op = op;
     fallback = "; " + std::to_string(undecided) + " elements undecided by the fast oracle";
   }

@@ -3,6 +3,7 @@
 #include "op_support.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
 
@@ -98,8 +99,10 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
     for (index_t i = 0; i < size_of(ref); ++i)
       if (!chk.add(i, value_at(ref, i),
                    allowed_terms(t.dtype, opt.policy, wc[i], pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0,
-                                 rho)))
+                                 rho))) {
         ++undecided;
+        chk.leave_undecided(i);
+      }
     rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, pb != nullptr, false)));
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
@@ -116,6 +119,17 @@ void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::ma
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
                         PlainBounds& bounds, const CompareOptions& opt, double rho) {
   return compare_each(rep, outputs, refs, bounds, opt, nullptr, rho);
+}
+
+bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptions& opt, const std::string& what) {
+  if (work <= opt.mp50_budget && bytes <= opt.mp50_memory) return true;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%s not recomputed in mp50: about %.3g multiply-adds and %.3g bytes, over the budget of %.3g and %.3g "
+                "(--mp50-budget, --mp50-memory); the elements left undecided are listed per tensor",
+                what.c_str(), work, bytes, opt.mp50_budget, opt.mp50_memory);
+  rep.notes.emplace_back(buf);
+  return false;
 }
 
 std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed) {

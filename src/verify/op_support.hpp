@@ -115,6 +115,12 @@ struct DoubleRef {
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
                         PlainBounds& bounds, const CompareOptions& opt, double rho);
 
+/// The budget of the mp50 fallback (CompareOptions::mp50_budget, mp50_memory; docs/policies.md,
+/// "Failing fast"): whether recomputing in mp50 at an estimated `work` (multiply-adds) and `bytes`
+/// (of mp50 values held at once) fits. When it does not, `rep` gets a note naming `what` and both
+/// figures against the budget.
+bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptions& opt, const std::string& what);
+
 /// Sorts `v` by `key` and returns the [first, last) index ranges of equal keys (the fast oracles
 /// group their undecided elements by row or token, to recompute each once in mp50).
 template <class T, class Key>

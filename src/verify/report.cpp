@@ -15,17 +15,26 @@ std::string num(double x) {
   return buf;
 }
 
-/// PASS, FAIL or FAIL-certain of one tensor (informative tensors have no verdict).
+/// PASS, FAIL, FAIL-certain or UNDECIDED (no element outside the bound, some left undecided) of one
+/// tensor (informative tensors have no verdict).
 std::string verdict_word(const TensorReport& t) {
   if (t.informative) return "INFO";
   if (t.passed) return "PASS";
-  return t.certain_failure ? "FAIL-certain" : "FAIL";
+  if (t.certain_failure) return "FAIL-certain";
+  return t.violations == 0 && t.problem.empty() && t.undecided > 0 ? "UNDECIDED" : "FAIL";
 }
 
-bool any_certain_failure(const CompareReport& r) {
-  for (const auto& t : r.tensors)
-    if (!t.informative && t.certain_failure) return true;
-  return false;
+/// The report's verdict: FAIL-certain over FAIL over UNDECIDED.
+std::string verdict_word(const CompareReport& r) {
+  if (r.passed) return "PASS";
+  bool fail = false;
+  for (const auto& t : r.tensors) {
+    if (t.informative) continue;
+    const std::string w = verdict_word(t);
+    if (w == "FAIL-certain") return w;
+    fail = fail || w == "FAIL";
+  }
+  return fail ? "FAIL" : "UNDECIDED";
 }
 
 }  // namespace
@@ -43,6 +52,7 @@ std::string format_report(const CompareReport& r) {
     if (!t.informative && !t.passed && t.problem.empty()) {
       verdict += " (" + std::to_string(t.violations) + " of " + std::to_string(t.checked) + " elements outside the bound";
       if (t.certain_failure) verdict += ", " + std::to_string(t.violations_certain) + " outside the certain bound";
+      if (t.undecided > 0) verdict += "; " + std::to_string(t.undecided) + " undecided";
       verdict += ")";
     }
     if (!t.problem.empty()) verdict += " (" + t.problem + ")";
@@ -52,6 +62,11 @@ std::string format_report(const CompareReport& r) {
                   t.worst_ratio, t.worst_ratio_certain, verdict.c_str());
     os << line;
     for (const auto& m : t.first_mismatches) os << "      " << m << "\n";
+    if (!t.first_undecided.empty()) {
+      os << "      undecided:";
+      for (const auto& u : t.first_undecided) os << " " << u;
+      os << (t.undecided > static_cast<index_t>(t.first_undecided.size()) ? " ...\n" : "\n");
+    }
   }
   if (r.sample.rows > 0) {
     os << "  sample: " << r.sample.rows << " of " << r.sample.total << " rows " << r.sample.row_kind << " checked (seed "
@@ -66,7 +81,7 @@ std::string format_report(const CompareReport& r) {
     checked += t.informative ? 0 : 1;
     failed += t.informative || t.passed ? 0 : 1;
   }
-  os << "verdict: " << (r.passed ? "PASS" : any_certain_failure(r) ? "FAIL-certain" : "FAIL") << " (" << (checked - failed)
+  os << "verdict: " << verdict_word(r) << " (" << (checked - failed)
      << " of " << checked << " tensors within the policy)\n";
   return os.str();
 }
@@ -78,8 +93,8 @@ std::string report_json(const CompareReport& r) {
   };
   std::ostringstream os;
   os << "{\"op\":" << quote(r.op) << ",\"passed\":" << (r.passed ? "true" : "false")
-     << ",\"verdict\":" << quote(r.passed ? "PASS" : any_certain_failure(r) ? "FAIL-certain" : "FAIL")
-     << ",\"policy\":" << quote(r.policy) << ",\"oracle\":" << quote(r.oracle) << ",\"tensors\":[";
+     << ",\"verdict\":" << quote(verdict_word(r)) << ",\"policy\":" << quote(r.policy) << ",\"oracle\":" << quote(r.oracle)
+     << ",\"mp50_rows\":" << r.mp50_rows << ",\"mp50_work\":" << jnum(r.mp50_work) << ",\"tensors\":[";
   for (std::size_t i = 0; i < r.tensors.size(); ++i) {
     const auto& t = r.tensors[i];
     os << (i ? "," : "") << "{\"name\":" << quote(t.name) << ",\"dtype\":" << quote(std::string(io::to_string(t.dtype)))
@@ -89,12 +104,14 @@ std::string report_json(const CompareReport& r) {
        << ",\"max_abs\":" << jnum(t.max_abs) << ",\"max_rel\":" << jnum(t.max_rel) << ",\"max_ulps\":" << jnum(t.max_ulps)
        << ",\"worst_ratio\":" << jnum(t.worst_ratio) << ",\"worst_ratio_certain\":" << jnum(t.worst_ratio_certain)
        << ",\"has_nan\":" << (std::isnan(t.max_abs) ? "true" : "false") << ",\"violations\":" << t.violations
-       << ",\"violations_certain\":" << t.violations_certain
+       << ",\"violations_certain\":" << t.violations_certain << ",\"undecided\":" << t.undecided
        << ",\"passed\":" << (t.informative ? "null" : t.passed ? "true" : "false")
        << ",\"informative\":" << (t.informative ? "true" : "false")
        << ",\"verdict\":" << (t.informative ? "null" : quote(verdict_word(t))) << ",\"problem\":" << quote(t.problem)
        << ",\"first_mismatches\":[";
     for (std::size_t k = 0; k < t.first_mismatches.size(); ++k) os << (k ? "," : "") << quote(t.first_mismatches[k]);
+    os << "],\"first_undecided\":[";
+    for (std::size_t k = 0; k < t.first_undecided.size(); ++k) os << (k ? "," : "") << quote(t.first_undecided[k]);
     os << "]}";
   }
   os << "],\"sample\":";

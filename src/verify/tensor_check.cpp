@@ -39,18 +39,38 @@ Bounds bounds_at(io::DType d, double mag, const Allowed& a, double f) {
   return {std::min(pol, certain), certain};
 }
 
+/// Keeps the `show` smallest of `v` (amortised: sorts and cuts once it holds 4 show).
+template <class T>
+void keep_first(std::vector<T>& v, int show) {
+  if (v.size() > 4 * static_cast<std::size_t>(show)) {
+    std::sort(v.begin(), v.end());
+    v.resize(static_cast<std::size_t>(show));
+  }
+}
+
 }  // namespace
 
 TensorCheck::TensorCheck(std::string name, const io::StoredTensor& got, int show)
     : name_(std::move(name)), got_(&got), show_(show), map_(got.values.shape()) {}
 
-void TensorCheck::note_mismatch(index_t flat, const std::string& text) {
+void TensorCheck::note_mismatch(const Mismatch& m) {
   if (show_ <= 0) return;
-  mismatches_.emplace_back(flat, text);
-  if (mismatches_.size() > 4 * static_cast<std::size_t>(show_)) {
-    std::sort(mismatches_.begin(), mismatches_.end());
-    mismatches_.resize(static_cast<std::size_t>(show_));
-  }
+  mismatches_.push_back(m);
+  keep_first(mismatches_, show_);
+}
+
+std::string TensorCheck::describe(const Mismatch& m) const {
+  const double ulp = io::dtype_ulp(got_->dtype, m.ref);
+  return name_ + index_str(got_->values.shape(), m.flat) + ": got " + num(m.got) + " ref " + num(m.ref) + " |err| " +
+         num(m.dist) + " (" + num(m.dist / ulp) + " ulp) bound " + num(m.bound) +
+         (m.pass_certain ? "" : " (outside the certain bound " + num(m.certain) + ")");
+}
+
+void TensorCheck::leave_undecided(index_t flat) {
+  ++undecided_;
+  if (show_ <= 0) return;
+  undecided_at_.push_back(flat);
+  keep_first(undecided_at_, show_);
 }
 
 bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
@@ -118,10 +138,7 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
   if (!pass_c) ++violations_certain_;
   if (!pass_p) {
     ++violations_;
-    const double ulp = io::dtype_ulp(d, r);
-    note_mismatch(flat, name_ + index_str(got_->values.shape(), flat) + ": got " + num(x) + " ref " + num(r) + " |err| " +
-                            num(dist) + " (" + num(dist / ulp) + " ulp) bound " + num(b.policy) +
-                            (pass_c ? "" : " (outside the certain bound " + num(b.certain) + ")"));
+    note_mismatch({flat, x, r, dist, b.policy, b.certain, pass_c});
   }
   return true;
 }
@@ -130,6 +147,12 @@ void TensorCheck::merge(const TensorCheck& o) {
   checked_ += o.checked_;
   violations_ += o.violations_;
   violations_certain_ += o.violations_certain_;
+  undecided_ += o.undecided_;
+  for (index_t f : o.undecided_at_) {
+    if (show_ <= 0) break;
+    undecided_at_.push_back(f);
+    keep_first(undecided_at_, show_);
+  }
   max_abs_ = std::max(max_abs_, o.max_abs_);
   abs_hi_ = std::max(abs_hi_, o.abs_hi_);
   ratio_hi_ = std::max(ratio_hi_, o.ratio_hi_);
@@ -142,7 +165,7 @@ void TensorCheck::merge(const TensorCheck& o) {
   for (std::size_t i = 0; i < max_err_by_binade_.size(); ++i)
     max_err_by_binade_[i] = std::max(max_err_by_binade_[i], o.max_err_by_binade_[i]);
   max_err_zero_ = std::max(max_err_zero_, o.max_err_zero_);
-  for (const auto& m : o.mismatches_) note_mismatch(m.first, m.second);
+  for (const auto& m : o.mismatches_) note_mismatch(m);
   map_.merge(o.map_);
   progress_.absorb(o.progress_);
 }
@@ -183,11 +206,16 @@ TensorReport TensorCheck::finish(const std::string& bound) const {
   r.max_ulps = nan_ ? nan : ulps;
   r.violations = violations_;
   r.violations_certain = violations_certain_;
-  r.passed = violations_ == 0;
+  r.undecided = undecided_;
+  r.passed = violations_ == 0 && undecided_ == 0;
   r.certain_failure = violations_certain_ > 0;
-  std::vector<std::pair<index_t, std::string>> m = mismatches_;
+  std::vector<Mismatch> m = mismatches_;
   std::sort(m.begin(), m.end());
-  for (std::size_t i = 0; i < m.size() && i < static_cast<std::size_t>(show_); ++i) r.first_mismatches.push_back(m[i].second);
+  for (std::size_t i = 0; i < m.size() && i < static_cast<std::size_t>(show_); ++i) r.first_mismatches.push_back(describe(m[i]));
+  std::vector<index_t> u = undecided_at_;
+  std::sort(u.begin(), u.end());
+  for (std::size_t i = 0; i < u.size() && i < static_cast<std::size_t>(show_); ++i)
+    r.first_undecided.push_back(name_ + index_str(got_->values.shape(), u[i]));
   r.map = map_.finish();
   progress_.finish();
   return r;

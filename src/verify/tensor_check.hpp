@@ -45,17 +45,31 @@ class TensorCheck {
   TensorCheck(std::string name, const io::StoredTensor& got, int show);
   /// Judges element `flat` (a flat index of `got`); false when a line is undecided (nothing recorded).
   bool add(index_t flat, const RefValue& ref, const Allowed& a);
+  /// Records element `flat` as left undecided (TensorReport::undecided): not judged, never PASS.
+  void leave_undecided(index_t flat);
+  /// True once some element lies outside the certain bound: the tensor's verdict is FAIL-certain
+  /// whatever its undecided elements are.
+  bool failed_certain() const { return violations_certain_ > 0; }
   /// Adds the counts of another check of the same tensor (disjoint elements).
   void merge(const TensorCheck& o);
   /// The report; `bound` describes the policy's bound for this tensor.
   TensorReport finish(const std::string& bound) const;
 
  private:
-  void note_mismatch(index_t flat, const std::string& text);
+  /// A mismatching element, formatted only if it is listed (the failing path stays as fast as the
+  /// passing one).
+  struct Mismatch {
+    index_t flat;
+    double got, ref, dist, bound, certain;
+    bool pass_certain;
+    bool operator<(const Mismatch& o) const { return flat < o.flat; }
+  };
+  void note_mismatch(const Mismatch& m);
+  std::string describe(const Mismatch& m) const;
   std::string name_;
   const io::StoredTensor* got_;
   int show_;
-  index_t checked_ = 0, violations_ = 0, violations_certain_ = 0;
+  index_t checked_ = 0, violations_ = 0, violations_certain_ = 0, undecided_ = 0;
   double max_abs_ = 0, max_rel_ = 0, worst_ = 0, worst_certain_ = 0;
   /// The largest |x - r| + err and (|x - r| + err) / policy bound: what the figures of elements
   /// judged against a double reference can be at most (the report states it when it matters).
@@ -65,7 +79,8 @@ class TensorCheck {
   index_t n_sq_ = 0;
   std::array<double, 2200> max_err_by_binade_{};  ///< max |err| per binade of |ref| (index ilogb + 1100)
   double max_err_zero_ = 0;                       ///< max |err| at ref = 0
-  std::vector<std::pair<index_t, std::string>> mismatches_;
+  std::vector<Mismatch> mismatches_;
+  std::vector<index_t> undecided_at_;  ///< the first undecided elements (at most 4 show_ kept)
   ErrorMapBuilder map_;               ///< where the errors lie (TensorReport::map)
   mutable CheckProgress progress_;   ///< the elements judged (CompareOptions::progress)
 };

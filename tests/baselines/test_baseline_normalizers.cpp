@@ -523,5 +523,16 @@ TEST(BaselineNormalizer, NamesRoundTripAndBadInputIsRejected) {
   const double bad[2] = {0, std::numeric_limits<double>::quiet_NaN()};
   EXPECT_THROW(normalize_row(RowNorm::sparsemax, bad, 2, 0.0, p), oasis::invalid_argument);
   EXPECT_THROW(normalize_row(RowNorm::entmax15, bad, 2, 0.0, p), oasis::invalid_argument);
-  EXPECT_THROW(normalize_row(RowNorm::clipped_softmax1, z, 2, kInf, p), oasis::invalid_argument);
+  // the null logit: NaN is refused by name; +inf is the limit with all the mass on the null
+  // (docs/spec.md §1), which clipping leaves at 0 for every key
+  try {
+    normalize_row(RowNorm::clipped_softmax1, z, 2, std::numeric_limits<double>::quiet_NaN(), p);
+    ADD_FAILURE() << "a NaN null logit accepted";
+  } catch (const oasis::invalid_argument& e) {
+    EXPECT_EQ(e.argument(), "null_logit");
+  }
+  const auto st = normalize_row(RowNorm::clipped_softmax1, z, 2, kInf, p);
+  EXPECT_EQ(st.p_null, 1.0);
+  EXPECT_EQ(p[0], 0.0);
+  EXPECT_EQ(p[1], 0.0);
 }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attention_grad_support.hpp"
+#include "oasis/grad/backward_bounds.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/verify/compare.hpp"
 
@@ -173,8 +174,9 @@ io::TensorMap as_map(std::initializer_list<std::pair<const char*, Tensor<double>
   return m;
 }
 
-/// `oasis-verify compare` on the float gradients `g` of instance I (op attention_backward).
-verify::CompareReport compare_float(const Instance& I, const AttentionGrads<float>& g) {
+/// `oasis-verify compare` on the gradients `g` of instance I stored as `d` (op attention_backward).
+verify::CompareReport compare_grads(const Instance& I, const AttentionGrads<double>& g, io::DType d,
+                                    const verify::CompareOptions& co = {}) {
   std::string o = "{\"causal\": " + std::string(I.opt.causal ? "true" : "false");
   if (!I.opt.key_lengths.empty()) {
     o += ", \"key_lengths\": [";
@@ -187,9 +189,36 @@ verify::CompareReport compare_float(const Instance& I, const AttentionGrads<floa
   if (!I.opt.null_logits.empty()) nl = Tensor<double>({static_cast<index_t>(I.opt.null_logits.size())}, I.opt.null_logits);
   const io::TensorMap in = as_map({{"q", I.q}, {"k", I.k}, {"v", I.v}, {"grad_out", I.dout}, {"grad_lse", I.dlse},
                                    {"grad_p_null", I.dpn}, {"null_logits", nl}});
-  const io::TensorMap out = as_map({{"grad_q", g.q.cast<double>()}, {"grad_k", g.k.cast<double>()},
-                                    {"grad_v", g.v.cast<double>()}, {"grad_null_logits", g.null_logits.cast<double>()}});
-  return verify::check("attention_backward", in, out, opt);
+  io::TensorMap out = as_map({{"grad_q", g.q}, {"grad_k", g.k}, {"grad_v", g.v}, {"grad_null_logits", g.null_logits}});
+  for (auto& [name, t] : out) t.dtype = d;
+  return verify::check("attention_backward", in, out, opt, co);
+}
+
+AttentionGrads<double> widened(const AttentionGrads<float>& g) {
+  return {g.q.cast<double>(), g.k.cast<double>(), g.v.cast<double>(), g.null_logits.cast<double>(), g.bias.cast<double>()};
+}
+
+/// `oasis-verify compare` on the float gradients `g` of instance I.
+verify::CompareReport compare_float(const Instance& I, const AttentionGrads<float>& g) {
+  return compare_grads(I, widened(g), io::DType::f32);
+}
+
+/// `g` with every element moved by 1.5 B, B the double reference's own bound: the double oracle,
+/// which knows its reference within 1.01 B, cannot decide it against the certain line 2 B.
+AttentionGrads<double> nudged(const Instance& I, AttentionGrads<double> g) {
+  AttentionOptions o = I.opt;
+  o.return_probs = true;
+  const bounds::AttentionBackwardBounds b =
+      bounds::attention_backward_bounds(I.q, I.k, I.v, cotangents<double>(I), I.opt, token_attention(I.q, I.k, I.v, o));
+  for (auto [x, e] : {std::pair{&g.q, &b.q}, {&g.k, &b.k}, {&g.v, &b.v}, {&g.null_logits, &b.null_logits}})
+    for (index_t i = 0; i < x->size(); ++i) (*x)[i] += 1.5 * (*e)[i];
+  return g;
+}
+
+std::string verdict_of(const verify::CompareReport& r) {
+  const std::string j = verify::report_json(r), key = "\"verdict\":\"";
+  const std::size_t at = j.find(key) + key.size();
+  return j.substr(at, j.find('"', at) - at);
 }
 
 }  // namespace
@@ -229,4 +258,62 @@ TEST(AttentionBackwardZoo, EveryMutantFailsBothChecks) {
     std::printf("mutant %-40s FD: first failure after %ld gradients (%.3g x tol); compare FAIL:%s\n", name_of(mu),
                 s.checked, s.worst_ratio, failed.c_str());
   }
+}
+
+// Failing fast (docs/policies.md, "Failing fast"): over 4096 keys with sinks of +6, where a backward
+// whose D omits the null once stalled the check for more than 600 s in a whole-op mp50
+// recomputation, every mutant finishes FAIL-certain with no row recomputed in mp50: in float32 (the
+// double oracle decides every element) and in float64 with every element moved by 1.5 times the
+// double reference's own bound (nudged): the correct elements are then undecided; those of a tensor
+// already FAIL-certain are left so, and the others would need the whole op in mp50, past a budget
+// set here below its estimate.
+// The correct backward at the same size passes in float32 without mp50.
+TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
+  Case c{"fail_fast", 1, 2, 1, 8, 4096, 16, 16};
+  c.dlse = c.dp_null = true;
+  Instance I = make_instance(c, base_seed() + 300);
+  I.opt.null_logits.assign(2, 6.0);
+  const AttentionCotangents<float> df = cotangents<float>(I);
+  const AttentionCotangents<double> dd = cotangents<double>(I);
+  const verify::CompareReport ok =
+      compare_float(I, fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), df, I.opt, Mutant::none, 64));
+  EXPECT_TRUE(ok.passed) << verify::format_report(ok);
+  EXPECT_EQ(ok.mp50_rows, 0);
+  verify::CompareOptions tight;
+  tight.mp50_budget = 1e6;  // the whole op in mp50: 2 * 8 * 4096 * (4 * 16 + 3 * 16) = 7.3e6 multiply-adds
+  for (Mutant mu : {Mutant::sink_dropped, Mutant::d_without_null, Mutant::d_unnormalised, Mutant::gqa_not_summed,
+                    Mutant::dp_without_complement}) {
+    SCOPED_TRACE(name_of(mu));
+    const verify::CompareReport r32 = compare_float(
+        I, fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), df, I.opt, mu, 64));
+    EXPECT_EQ(verdict_of(r32), "FAIL-certain") << verify::format_report(r32);
+    EXPECT_EQ(r32.mp50_rows, 0) << r32.oracle;
+    const verify::CompareReport r64 =
+        compare_grads(I, nudged(I, fa2_backward(I.q, I.k, I.v, dd, I.opt, mu, 64)), io::DType::f64, tight);
+    EXPECT_EQ(verdict_of(r64), "FAIL-certain") << verify::format_report(r64);
+    index_t undecided = 0;
+    for (const auto& t : r64.tensors) undecided += t.undecided;
+    EXPECT_GT(undecided, 0) << verify::format_report(r64);
+    EXPECT_EQ(r64.mp50_rows, 0) << r64.oracle;
+    EXPECT_EQ(r64.mp50_work, 0.0);
+  }
+}
+
+// The backward's mp50 fallback keeps to its budget. Float64 gradients whose errors are 1.5 times
+// the double reference's own bound B (the certain line is 2 B, the double oracle knows its value
+// within 1.01 B) leave every element undecided and are right (1.5 B + the double error < 2 B); by
+// default the op is recomputed in mp50 (its rows counted) and passes; with a budget below the op's
+// estimate nothing is recomputed and the verdict is UNDECIDED, the elements listed.
+TEST(AttentionBackwardZoo, Mp50FallbackKeepsToItsBudget) {
+  const Instance I = zoo_instance();
+  const AttentionGrads<double> g = nudged(I, library_backward<double>(I));
+  const verify::CompareReport full = compare_grads(I, g, io::DType::f64);
+  ASSERT_TRUE(full.passed) << verify::format_report(full);
+  ASSERT_EQ(full.mp50_rows, 2 * 4 * 4) << full.oracle;  // B H Tq: the whole op
+  verify::CompareOptions none;
+  none.mp50_budget = 0;
+  const verify::CompareReport r = compare_grads(I, g, io::DType::f64, none);
+  EXPECT_EQ(verdict_of(r), "UNDECIDED") << verify::format_report(r);
+  EXPECT_EQ(r.mp50_rows, 0);
+  EXPECT_NE(verify::format_report(r).find("undecided: grad_"), std::string::npos) << verify::format_report(r);
 }

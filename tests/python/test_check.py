@@ -96,6 +96,12 @@ def test_comparison_options_reach_the_engine(rng):
     with pytest.raises(oasis.InvalidArgument, match="unknown comparison option") as e:
         oasis.check("attention", inputs, outputs, frobnicate=1)
     assert e.value.argument == "frobnicate"
+    # the mp50 fallback's budget (docs/policies.md, "Failing fast") is a comparison option too
+    assert oasis.check("attention", inputs, outputs, options={"causal": True}, mp50_budget=0,
+                       mp50_memory=1e9).to_json()
+    with pytest.raises(oasis.InvalidArgument, match="non-negative") as e:
+        oasis.check("attention", inputs, outputs, mp50_budget=-1)
+    assert e.value.argument == "mp50_budget"
     # policy= reaches the engine: the report names it, and an unknown policy is an error naming it
     assert "policy: worst_case" in str(oasis.check("attention", inputs, outputs, options={"causal": True},
                                                    policy="worst_case"))

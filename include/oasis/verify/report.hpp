@@ -65,8 +65,13 @@ struct TensorReport {
   double worst_ratio_certain = 0;  ///< max |x - ref| / certain bound
   index_t violations = 0;    ///< elements outside the policy bound (NaN counts)
   index_t violations_certain = 0;  ///< elements outside the certain bound
+  /// Elements the double oracle left undecided and mp50 did not settle: past the mp50 budget, or
+  /// not needed because the tensor is already FAIL-certain (docs/policies.md, "Failing fast").
+  /// They are not in `checked`; a tensor with any is never PASS.
+  index_t undecided = 0;
+  std::vector<std::string> first_undecided;  ///< "name[i, j]" of the first undecided elements
   std::vector<std::string> first_mismatches;  ///< "name[i, j]: got .. ref .. |err| .. bound .."
-  bool passed = false;       ///< no element outside the policy bound
+  bool passed = false;       ///< no element outside the policy bound, and none undecided
   bool certain_failure = false;  ///< some element outside the certain bound (FAIL-certain)
   /// Reported for information only, no verdict; `passed` is then true and ignored.
   bool informative = false;
@@ -91,6 +96,10 @@ struct CompareReport {
   bool passed = false;
   std::string policy = "probabilistic";
   std::string oracle = "mp50";     ///< which oracle computed the reference, e.g. "fast (double; 2 rows in mp50)"
+  /// The work of the mp50 fallback, counted from the shapes (deterministic): rows recomputed and
+  /// their estimated mp50 multiply-adds (docs/policies.md, "Failing fast").
+  index_t mp50_rows = 0;
+  double mp50_work = 0;
   SampleInfo sample;
 };
 
@@ -116,6 +125,12 @@ struct CompareOptions {
   /// token (depth, coupling) or one row of logits (normalizer) produces. Other ops check all.
   index_t sample = 0;
   std::uint64_t seed = 20261129;         ///< of the sample
+  /// The budget of the mp50 fallback of the fast oracle (docs/policies.md, "Failing fast"): the
+  /// elements the double reference leaves undecided are recomputed in mp50 only while the estimated
+  /// mp50 multiply-adds and the bytes of mp50 values held stay within these. Past the budget they
+  /// stay undecided, the report names where, and the verdict is not PASS.
+  double mp50_budget = 2e9;
+  double mp50_memory = 4e9;
   /// Called about every 0.25 s, from a thread of its own, once the comparison has run 2 s, and
   /// once more at its end (Progress::finished) if it was called; empty: no progress.
   std::function<void(const Progress&)> progress;

@@ -81,7 +81,7 @@ const char* kCompareHelp =
     "                   normalizer: rows of z); unchecked rows can hide errors (default 0: all rows)\n"
     "  --seed S         seed of --sample (default 20261129)\n"
     "  --mp50-budget N  the fast oracle recomputes what double leaves undecided in mp50 only up to about\n"
-    "                   N multiply-adds (default 2e9, about a minute on two cores); past it those elements\n"
+    "                   N multiply-adds (default 6e8, about a minute on two cores); past it those elements\n"
     "                   stay undecided and are listed, and the verdict is not PASS (docs/policies.md)\n"
     "  --mp50-memory B  ... and only while the mp50 values it holds take at most B bytes (default 4e9)\n"
     "  --html FILE      also write the report as one self-contained HTML page: per tensor heat maps of\n"
@@ -115,7 +115,7 @@ bool parse_int(const std::string& s, long long lo, long long hi, long long* out)
   return true;
 }
 
-/// A number (strtod: 2e9, inf), whole string.
+/// A number (strtod: 6e8, inf), whole string.
 bool parse_number(const std::string& s, double* out) {
   if (s.empty()) return false;
   char* end = nullptr;

@@ -129,7 +129,7 @@ struct CompareOptions {
   /// elements the double reference leaves undecided are recomputed in mp50 only while the estimated
   /// mp50 multiply-adds and the bytes of mp50 values held stay within these. Past the budget they
   /// stay undecided, the report names where, and the verdict is not PASS.
-  double mp50_budget = 2e9;
+  double mp50_budget = 6e8;  // about a minute on two cores (mp50: about 5e6 multiply-adds per second per core)
   double mp50_memory = 4e9;
   /// Called about every 0.25 s, from a thread of its own, once the comparison has run 2 s, and
   /// once more at its end (Progress::finished) if it was called; empty: no progress.

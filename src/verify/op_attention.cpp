@@ -31,7 +31,13 @@ index_t elems_per_row(const AttnCall& c, Kind k) {
   return k == Kind::out ? c.s.d_v : k == Kind::probs ? c.s.Tk : 1;
 }
 
-index_t flat_of(const AttnCall& c, const AttnRow& r, Kind k, index_t e) {
+/// A row's (b, h, t); rows are numbered in (b, h, t) order.
+struct RowId {
+  index_t b, h, t;
+};
+RowId row_id(const AttnCall& c, index_t row) { return {row / (c.s.Tq * c.s.H), (row / c.s.Tq) % c.s.H, row % c.s.Tq}; }
+
+index_t flat_of(const AttnCall& c, const RowId& r, Kind k, index_t e) {
   const index_t stat = (r.b * c.s.H + r.h) * c.s.Tq + r.t;
   switch (k) {
     case Kind::out: return c.out_offset(r.b, r.h, r.t) + e;
@@ -72,7 +78,7 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
     case Kind::probs: {
       if (e < r.kr.begin || e >= r.kr.end) {  // masked key: exactly 0
         static const mp50 zero(0);
-        return chk.add(flat_of(c, r, t.kind, e), RefValue{0.0, 0.0, 0.0, &zero}, Allowed{});
+        return chk.add(flat_of(c, {r.b, r.h, r.t}, t.kind, e), RefValue{0.0, 0.0, 0.0, &zero}, Allowed{});
       }
       const index_t j = e - r.kr.begin;
       hi = r.p[static_cast<std::size_t>(j)];
@@ -84,22 +90,13 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
   }
   RefValue ref{hi, 0.0, own.wc, exact};
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
-  return chk.add(flat_of(c, r, t.kind, e), ref,
+  return chk.add(flat_of(c, {r.b, r.h, r.t}, t.kind, e), ref,
                  allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho));
 }
 
-/// The (b, h, t) of flat row `row` (rows in (b, h, t) order), for flat_of.
-AttnRow row_at(const AttnCall& c, index_t row) {
-  AttnRow r;
-  r.t = row % c.s.Tq;
-  r.h = (row / c.s.Tq) % c.s.H;
-  r.b = row / (c.s.Tq * c.s.H);
-  return r;
-}
-
 std::string row_label(const AttnCall& c, index_t row) {
-  const index_t t = row % c.s.Tq, h = (row / c.s.Tq) % c.s.H, b = row / (c.s.Tq * c.s.H);
-  return "(" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(t) + ")";
+  const RowId r = row_id(c, row);
+  return "(" + std::to_string(r.b) + ", " + std::to_string(r.h) + ", " + std::to_string(r.t) + ")";
 }
 
 CompareReport run(const OpCall& call) {
@@ -164,9 +161,8 @@ CompareReport run(const OpCall& call) {
       std::vector<TensorCheck> mine = fresh_checks();
 #pragma omp for schedule(dynamic, 1)
       for (std::size_t i = 0; i < rows.size(); ++i) {
-        const index_t row = rows[i];
-        const index_t t = row % c.s.Tq, h = (row / c.s.Tq) % c.s.H, b = row / (c.s.Tq * c.s.H);
-        judge_row(mp50_row(c, b, h, t), row, mine, nullptr);
+        const RowId r = row_id(c, rows[i]);
+        judge_row(mp50_row(c, r.b, r.h, r.t), rows[i], mine, nullptr);
       }
 #pragma omp critical(oasis_attention_merge)
       merge_into(mine);
@@ -217,12 +213,15 @@ CompareReport run(const OpCall& call) {
     // The open elements, their rows recomputed in mp50 (docs/policies.md, "Failing fast"): none of a
     // tensor already FAIL-certain (their verdicts cannot change it), and only the rows within the
     // budget, in row order; the others' elements stay undecided.
+    auto check_of = [&](const Open& x) -> TensorCheck& { return checks[static_cast<std::size_t>(x.target)]; };
+    auto leave = [&](const Open& x) {
+      check_of(x).leave_undecided(flat_of(c, row_id(c, x.row), targets[static_cast<std::size_t>(x.target)].kind, x.elem));
+    };
     const std::size_t n_open = open.size();
     open.erase(std::remove_if(open.begin(), open.end(),
                               [&](const Open& x) {
-                                TensorCheck& chk = checks[static_cast<std::size_t>(x.target)];
-                                if (!chk.failed_certain()) return false;
-                                chk.leave_undecided(flat_of(c, row_at(c, x.row), targets[static_cast<std::size_t>(x.target)].kind, x.elem));
+                                if (!check_of(x).failed_certain()) return false;
+                                leave(x);
                                 return true;
                               }),
                open.end());
@@ -238,12 +237,8 @@ CompareReport run(const OpCall& call) {
                    "the " + std::to_string(spans.size()) + " rows holding undecided elements were")) {
       fit = row_bytes > copt.mp50_memory ? 0 : static_cast<std::size_t>(std::min<double>(spans.size(), copt.mp50_budget / row_work));
       rep.notes.back() += "; " + std::to_string(fit) + " of them (the first) recomputed within it, the rest left undecided";
-      for (std::size_t x = fit; x < spans.size(); ++x)
-        for (std::size_t y = spans[x].first; y < spans[x].second; ++y) {
-          const Open& u = open[y];
-          checks[static_cast<std::size_t>(u.target)].leave_undecided(
-              flat_of(c, row_at(c, u.row), targets[static_cast<std::size_t>(u.target)].kind, u.elem));
-        }
+      if (fit < spans.size())
+        for (std::size_t y = spans[fit].first; y < open.size(); ++y) leave(open[y]);  // spans are contiguous
       spans.resize(fit);
     }
     rep.mp50_rows = static_cast<index_t>(spans.size());
@@ -253,9 +248,8 @@ CompareReport run(const OpCall& call) {
       std::vector<TensorCheck> mine = fresh_checks();
 #pragma omp for schedule(dynamic, 1)
       for (std::size_t x = 0; x < spans.size(); ++x) {
-        const index_t row = open[spans[x].first].row;
-        const index_t t = row % c.s.Tq, h = (row / c.s.Tq) % c.s.H, b = row / (c.s.Tq * c.s.H);
-        const AttnRow r = mp50_row(c, b, h, t);
+        const RowId id = row_id(c, open[spans[x].first].row);
+        const AttnRow r = mp50_row(c, id.b, id.h, id.t);
         for (std::size_t y = spans[x].first; y < spans[x].second; ++y) {
           const bool ok = judge(c, r, targets[static_cast<std::size_t>(open[y].target)], open[y].elem, copt.policy,
                                 mine[static_cast<std::size_t>(open[y].target)]);

@@ -15,8 +15,8 @@ std::string num(double x) {
   return buf;
 }
 
-/// PASS, FAIL, FAIL-certain or UNDECIDED (no element outside the bound, some left undecided) of one
-/// tensor (informative tensors have no verdict).
+}  // namespace
+
 std::string verdict_word(const TensorReport& t) {
   if (t.informative) return "INFO";
   if (t.passed) return "PASS";
@@ -24,7 +24,6 @@ std::string verdict_word(const TensorReport& t) {
   return t.violations == 0 && t.problem.empty() && t.undecided > 0 ? "UNDECIDED" : "FAIL";
 }
 
-/// The report's verdict: FAIL-certain over FAIL over UNDECIDED.
 std::string verdict_word(const CompareReport& r) {
   if (r.passed) return "PASS";
   bool fail = false;
@@ -36,8 +35,6 @@ std::string verdict_word(const CompareReport& r) {
   }
   return fail ? "FAIL" : "UNDECIDED";
 }
-
-}  // namespace
 
 std::string format_report(const CompareReport& r) {
   std::ostringstream os;

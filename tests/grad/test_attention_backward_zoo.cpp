@@ -215,12 +215,6 @@ AttentionGrads<double> nudged(const Instance& I, AttentionGrads<double> g) {
   return g;
 }
 
-std::string verdict_of(const verify::CompareReport& r) {
-  const std::string j = verify::report_json(r), key = "\"verdict\":\"";
-  const std::size_t at = j.find(key) + key.size();
-  return j.substr(at, j.find('"', at) - at);
-}
-
 }  // namespace
 
 TEST(AttentionBackwardZoo, CorrectImplementationsPass) {
@@ -286,11 +280,11 @@ TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
     SCOPED_TRACE(name_of(mu));
     const verify::CompareReport r32 = compare_float(
         I, fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), df, I.opt, mu, 64));
-    EXPECT_EQ(verdict_of(r32), "FAIL-certain") << verify::format_report(r32);
+    EXPECT_EQ(verify::verdict_word(r32), "FAIL-certain") << verify::format_report(r32);
     EXPECT_EQ(r32.mp50_rows, 0) << r32.oracle;
     const verify::CompareReport r64 =
         compare_grads(I, nudged(I, fa2_backward(I.q, I.k, I.v, dd, I.opt, mu, 64)), io::DType::f64, tight);
-    EXPECT_EQ(verdict_of(r64), "FAIL-certain") << verify::format_report(r64);
+    EXPECT_EQ(verify::verdict_word(r64), "FAIL-certain") << verify::format_report(r64);
     index_t undecided = 0;
     for (const auto& t : r64.tensors) undecided += t.undecided;
     EXPECT_GT(undecided, 0) << verify::format_report(r64);
@@ -313,7 +307,14 @@ TEST(AttentionBackwardZoo, Mp50FallbackKeepsToItsBudget) {
   verify::CompareOptions none;
   none.mp50_budget = 0;
   const verify::CompareReport r = compare_grads(I, g, io::DType::f64, none);
-  EXPECT_EQ(verdict_of(r), "UNDECIDED") << verify::format_report(r);
+  EXPECT_EQ(verify::verdict_word(r), "UNDECIDED") << verify::format_report(r);
   EXPECT_EQ(r.mp50_rows, 0);
   EXPECT_NE(verify::format_report(r).find("undecided: grad_"), std::string::npos) << verify::format_report(r);
+  // every tensor FAIL-certain (one element of each moved far off): under the default budget, which
+  // the whole op fits, its undecided elements still go to no mp50
+  AttentionGrads<double> wrong = g;
+  for (Tensor<double>* x : {&wrong.q, &wrong.k, &wrong.v, &wrong.null_logits}) (*x)[0] += 1.0;
+  const verify::CompareReport rw = compare_grads(I, wrong, io::DType::f64);
+  EXPECT_EQ(verify::verdict_word(rw), "FAIL-certain") << verify::format_report(rw);
+  EXPECT_EQ(rw.mp50_rows, 0) << rw.oracle;
 }

@@ -18,13 +18,6 @@ using oasis::index_t;
 
 namespace {
 
-std::string verdict_of(const verify::CompareReport& r) {
-  const std::string j = verify::report_json(r);
-  const std::string key = "\"verdict\":\"";
-  const std::size_t at = j.find(key) + key.size();
-  return j.substr(at, j.find('"', at) - at);
-}
-
 verify::CompareReport check(const zoo::Case& c, const io::TensorMap& out, const verify::CompareOptions& co = {}) {
   return verify::check("attention", zoo::inputs_of(c), out, io::json::parse(zoo::options_json(c)), co);
 }
@@ -63,7 +56,7 @@ TEST(FailFast, GrossForwardBugsOver4096KeysNeedNoMp50) {
   for (const zoo::Impl& m : zoo::mutants()) {
     SCOPED_TRACE(m.name);
     const verify::CompareReport r = check(c, outputs(m, c));
-    EXPECT_EQ(verdict_of(r), "FAIL-certain") << verify::format_report(r);
+    EXPECT_EQ(verify::verdict_word(r), "FAIL-certain") << verify::format_report(r);
     EXPECT_EQ(r.mp50_rows, 0) << r.oracle;
     EXPECT_EQ(r.mp50_work, 0.0);
     EXPECT_NE(r.oracle.find("0 of 96 rows recomputed in mp50"), std::string::npos) << r.oracle;
@@ -80,8 +73,10 @@ TEST(FailFast, AllWrongListsShowMismatchesAndCountsAll) {
   verify::CompareOptions co;
   co.show = 3;
   const verify::CompareReport r = check(c, out, co);
+  ASSERT_EQ(r.tensors.size(), 3u);
   for (const auto& t : r.tensors) {
     if (t.name != "out") continue;
+    EXPECT_EQ(t.checked, t.elements);
     EXPECT_EQ(t.violations_certain, t.elements);
     EXPECT_EQ(t.first_mismatches.size(), 3u);
     EXPECT_NE(t.first_mismatches[0].find("out[0, 0, 0, 0]"), std::string::npos) << t.first_mismatches[0];
@@ -108,12 +103,12 @@ TEST(FailFast, Mp50FallbackKeepsToItsBudget) {
   EXPECT_FALSE(part.passed);
   EXPECT_EQ(part.mp50_rows, 2);
   EXPECT_GT(undecided(part), 0);
-  EXPECT_EQ(verdict_of(part), "UNDECIDED") << verify::format_report(part);
+  EXPECT_EQ(verify::verdict_word(part), "UNDECIDED") << verify::format_report(part);
 
   co.mp50_budget = 0;
   const verify::CompareReport none = check(c, out, co);
   EXPECT_EQ(none.mp50_rows, 0);
-  EXPECT_EQ(verdict_of(none), "UNDECIDED");
+  EXPECT_EQ(verify::verdict_word(none), "UNDECIDED");
   EXPECT_GE(undecided(none), undecided(part));
   const std::string text = verify::format_report(none);
   EXPECT_NE(text.find("over the budget"), std::string::npos) << text;
@@ -125,15 +120,17 @@ TEST(FailFast, Mp50FallbackKeepsToItsBudget) {
   EXPECT_EQ(check(c, out, co).mp50_rows, 0);
 }
 
-// A tensor already FAIL-certain sends none of its undecided elements to mp50: a float64 output
-// whose one element is far off keeps the others of its tensor undecided only if no other tensor
-// needs them; the verdict is FAIL-certain either way.
+// A tensor already FAIL-certain sends none of its undecided elements to mp50: the library's
+// float64 outputs (which hold undecided elements, above) with every other element moved far off
+// make every tensor FAIL-certain; their undecided elements stay so, counted and explained.
 TEST(FailFast, CertainTensorsSendNothingToMp50) {
   zoo::Case c = zoo::make_case("certain", 2, 4, 2, 9, 13, 16, true, true, 1.0, 1.0, 77);
   io::TensorMap all_wrong = f64_outputs(c);
   for (auto& [name, t] : all_wrong)
     for (index_t i = 0; i < t.values.size(); i += 2) t.values[i] += 1.0;  // every other element far off
   const verify::CompareReport r = check(c, all_wrong);
-  EXPECT_EQ(verdict_of(r), "FAIL-certain") << verify::format_report(r);
+  EXPECT_EQ(verify::verdict_word(r), "FAIL-certain") << verify::format_report(r);
   EXPECT_EQ(r.mp50_rows, 0) << verify::format_report(r);
+  EXPECT_GT(undecided(r), 0) << verify::format_report(r);
+  EXPECT_NE(verify::format_report(r).find("tensor already FAIL-certain"), std::string::npos) << verify::format_report(r);
 }

@@ -136,6 +136,12 @@ struct CompareOptions {
   std::function<void(const Progress&)> progress;
 };
 
+/// The verdict word of a tensor: PASS, FAIL, FAIL-certain, UNDECIDED (no element outside the
+/// bound, some left undecided: docs/policies.md, "Failing fast") or INFO (informative, no verdict).
+std::string verdict_word(const TensorReport& t);
+/// The verdict word of a report: PASS, or the strongest of its tensors' FAIL-certain, FAIL, UNDECIDED.
+std::string verdict_word(const CompareReport& r);
+
 /// Human-readable report (one line per tensor, its first mismatches, the notes, the verdict).
 std::string format_report(const CompareReport& r);
 /// The report as a JSON document.

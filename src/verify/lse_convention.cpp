@@ -89,6 +89,25 @@ void to_convention(const LseConvention& cv, const RowLogits& g, const mp50* keys
   }
 }
 
+Tensor<double> lse1_of(const LseConvention& cv, const AttentionOptions& opt, const Tensor<double>& lse) {
+  OASIS_REQUIRE(lse.rank() == 3, "lse", "must be [B, H, Tq], got ", shape_str(lse.shape()));
+  Tensor<double> r = lse;
+  const bool null = opt.normalizer == RowNorm::softmax1;
+  for (index_t i = 0; i < r.size(); ++i) {
+    if (cv.base2) r[i] *= 0.69314718055994531;  // ln 2
+    if (!cv.keys_only || !null) continue;
+    const index_t h = (i / r.dim(2)) % r.dim(1);
+    const double s = opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
+    if (std::isinf(s)) {
+      r[i] = s > 0 ? s : r[i];
+      continue;
+    }
+    const double M = std::max(s, r[i]);
+    r[i] = M + std::log1p(std::exp(-std::abs(s - r[i])));
+  }
+  return r;
+}
+
 void lse_cotangents(const LseConvention& cv, const AttentionResult<mp50>& fwd, RowNorm kind, const Tensor<double>& g,
                     const Tensor<double>* dpn, Tensor<mp50>& dlse1, Tensor<mp50>& dpn1) {
   using std::log;

@@ -69,6 +69,10 @@ void to_convention(const LseConvention& cv, const RowLogits& g, const mp50* keys
 /// the caller computes it from the logits.
 bool keys_lse_from_probs(const mp50& lse1, const std::vector<mp50>& p, mp50& out);
 
+/// A stored LSE [B, H, Tq] in convention `cv` as LSE1 in nats (with the null of `opt`, if any):
+/// base 2 times ln 2; keys only, log(e^s + e^LSE_keys).
+Tensor<double> lse1_of(const LseConvention& cv, const AttentionOptions& opt, const Tensor<double>& lse);
+
 /// The incoming gradient g = grad_lse of the LSE in convention `cv` as the cotangents of LSE1 and
 /// p_null that the reference backward takes (grad/attention_backward.hpp), from the exact forward
 /// `fwd` (with probabilities): in base 2 dLSE1 = log2(e) g; keys only, LSE_keys = LSE1 +

@@ -37,19 +37,71 @@ CompareReport run(const OpCall& c) {
   };
   AttentionOptions ab = a;
   ab.return_probs = false;
+  // The forward the kernel's backward reads (FlashAttention-2: D from the stored O, P from the
+  // stored LSE): as given, each checked against the forward first; O not given may be stored in
+  // the inputs' type when that is 16-bit (docs/tolerances.md, "Designs of real kernels").
+  const StoredTensor *sout = maybe(in, "out"), *slse = maybe(in, "lse");
+  if (sout) (void)need(in, "out", op);
+  if (slse) (void)need(in, "lse", op);
+  Tensor<double> lse1;  // the stored LSE in nats with the null (LSE1)
+  if (slse) lse1 = lse1_of(lc, a, slse->values);
+  bounds::StoredForward sf;
+  sf.out = sout ? &sout->values : nullptr;
+  sf.lse = slse ? &lse1 : nullptr;
+  for (const StoredTensor* x : {&q, &dout})
+    if (is16(x->dtype)) sf.out_u = std::max(sf.out_u, unit_roundoff(x->dtype));
   // The policy's bounds: the reference backward's bound in float (f16/bf16/f32 outputs) or double
-  // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double).
+  // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double),
+  // and the stored forward's error added unscaled.
   auto plain_bounds = [&](const auto& fwd) {
-    return PlainBounds([&q, &k, &v, &cot, &a, &fwd](bool wide) {
-      auto run = [&](auto tag) {
-        using T = decltype(tag);
-        const bounds::AttentionBackwardBounds b =
-            bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd);
-        return BoundMap{{"grad_q", b.q}, {"grad_k", b.k}, {"grad_v", b.v}, {"grad_null_logits", b.null_logits},
-                        {"grad_bias", b.bias}};
-      };
-      return wide ? run(double{}) : run(float{});
-    });
+    auto map = [](const bounds::AttentionBackwardBounds& b) {
+      return BoundMap{{"grad_q", b.q}, {"grad_k", b.k}, {"grad_v", b.v}, {"grad_null_logits", b.null_logits},
+                      {"grad_bias", b.bias}};
+    };
+    return PlainBounds(
+        [&q, &k, &v, &cot, &a, &fwd, map](bool wide) {
+          auto run = [&](auto tag) {
+            using T = decltype(tag);
+            return map(bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd));
+          };
+          return wide ? run(double{}) : run(float{});
+        },
+        [&q, &k, &v, &cot, &a, &fwd, &sf, map](bool wide) {
+          auto run = [&](auto tag) {
+            using T = decltype(tag);
+            return map(bounds::stored_forward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, sf));
+          };
+          return wide ? run(double{}) : run(float{});
+        })
+        .stored16();
+  };
+  // a stored forward beyond the forward's certain line is not the forward of these inputs
+  auto check_stored = [&](const auto& fwd) {
+    if (!sout && !slse) return;
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      return bounds::attention_bounds(as<T>(q), as<T>(k), as<T>(v), a, fwd);
+    };
+    for (const StoredTensor* x : {sout, slse}) {
+      if (!x) continue;
+      const bool is_out = x == sout;
+      const bounds::AttentionBounds fb = x->dtype == DType::f64 ? run(double{}) : run(float{});
+      const Tensor<double>& B = is_out ? fb.out : fb.lse;
+      const double sc = x->dtype == DType::f64 ? 1.0 : unit_roundoff(x->dtype) / unit_roundoff(DType::f32);
+      const auto& ex = is_out ? fwd.out : fwd.lse;
+      const Tensor<double>& got = is_out ? x->values : lse1;
+      OASIS_REQUIRE(got.shape() == ex.shape(), is_out ? "out" : "lse", "has shape ", shape_str(x->values.shape()),
+                    ", expected ", shape_str(ex.shape()), " (the forward's)");
+      for (index_t i = 0; i < got.size(); ++i) {
+        const double e = static_cast<double>(ex[i]);
+        if (std::isinf(e) && got[i] == e) continue;
+        const double err = std::abs(got[i] - e), allowed = 2.0 * B[i] * sc + io::dtype_ulp(x->dtype, std::abs(e));
+        OASIS_REQUIRE(err <= allowed, is_out ? "out" : "lse", "the stored ", is_out ? "output" : "LSE", " is not the "
+                      "forward of these inputs: flat index ", i, " holds ", x->values[i], ", the exact forward ", e,
+                      is_out ? "" : " (as LSE1 in nats)", ", |err| ", err, " beyond the forward's certain bound ", allowed,
+                      " (check the forward with op attention)");
+      }
+    }
   };
   CompareReport rep;
   rep.op = op;
@@ -67,6 +119,7 @@ CompareReport run(const OpCall& c) {
     const Tensor<double> qd = as<double>(q), kd = as<double>(k), vd = as<double>(v);
     const AttentionCotangents<double> dd = cot(double{});
     const AttentionResult<double> fwd = token_attention(qd, kd, vd, a);
+    check_stored(fwd);
     const AttentionGrads<double> ref = token_attention_backward(qd, kd, vd, dd, ab);
     const bounds::AttentionBackwardBounds own = bounds::attention_backward_bounds(qd, kd, vd, dd, a, fwd);
     PlainBounds pb = plain_bounds(fwd);
@@ -111,6 +164,7 @@ CompareReport run(const OpCall& c) {
   }
   const Tensor<mp50> qm = as<mp50>(q), km = as<mp50>(k), vm = as<mp50>(v);
   const AttentionResult<mp50> fwd = token_attention(qm, km, vm, a);
+  if (fallback.empty()) check_stored(fwd);
   if (convert) lse_cotangents(lc, fwd, a.normalizer, dlse->values, dpn ? &dpn->values : nullptr, dlse1, dpn1);
   const AttentionGrads<mp50> ref = token_attention_backward(qm, km, vm, cot(mp50{}), ab);
   PlainBounds bounds = plain_bounds(fwd);
@@ -133,7 +187,9 @@ OpSpec attention_backward_op() {
            {"grad_lse", "[B,H,Tq]", false},
            {"grad_p_null", "[B,H,Tq]", false},
            {"null_logits", "[H]", false},
-           {"bias", "[Tq,Tk] or [B|1,H|1,Tq,Tk]", false}},
+           {"bias", "[Tq,Tk] or [B|1,H|1,Tq,Tk]", false},
+           {"out", "[B,H,Tq,dv]", false},
+           {"lse", "[B,H,Tq]", false}},
           {{"grad_q", "[B,H,Tq,dh]"},
            {"grad_k", "[B,Hkv,Tk,dh]"},
            {"grad_v", "[B,Hkv,Tk,dv]"},
@@ -142,7 +198,9 @@ OpSpec attention_backward_op() {
           {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout", "lse_null", "lse_base"},
           "as attention, plus window (0: none) and layout (bhtd | bthd: q, k, v, grad_out and grad_q/k/v as [B,T,H,d]);\n"
           "                grad_lse, grad_p_null: incoming gradients of lse and p_null (absent: 0); grad_lse is of the\n"
-          "                LSE in the convention of lse_null and lse_base (as attention)",
+          "                LSE in the convention of lse_null and lse_base (as attention);\n"
+          "                out, lse: the forward's stored output and LSE (as attention) when the backward reads them\n"
+          "                (FlashAttention-2: D = rowsum(grad_out out)); absent: out may be stored in a 16-bit input type",
           run};
 }
 

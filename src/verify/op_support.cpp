@@ -26,17 +26,54 @@ const StoredTensor& need(const TensorMap& m, const std::string& name, const std:
   return it->second;
 }
 
-const Tensor<double>& PlainBounds::raw(const std::string& name, DType d) {
+namespace {
+double scale_of(DType d) { return d == DType::f64 ? 1.0 : unit_roundoff(d) / unit_roundoff(DType::f32); }
+}  // namespace
+
+const BoundMap& PlainBounds::base(DType d) {
   BoundMap& m = d == DType::f64 ? wide_ : narrow_;
   if (m.empty()) m = fn_(d == DType::f64);
+  return m;
+}
+
+const Tensor<double>* PlainBounds::fixed(const std::string& name, DType d) {
+  if (!fixed_fn_) return nullptr;
+  BoundMap& f = d == DType::f64 ? fixed_wide_ : fixed_narrow_;
+  if (f.empty()) f = fixed_fn_(d == DType::f64);
+  auto it = f.find(name);
+  return it == f.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+const Tensor<double>& PlainBounds::raw(const std::string& name, DType d) {
+  const BoundMap& m = base(d);
   auto it = m.find(name);
   OASIS_REQUIRE(it != m.end(), name, "no error bound for '", name, "'");
-  return it->second;
+  const Tensor<double>* fx = fixed(name, d);
+  if (!fx) return it->second;
+  auto done = done_.find({name, d});
+  if (done != done_.end()) return done->second;
+  Tensor<double> b = it->second;
+  const double s = scale_of(d);
+  for (index_t i = 0; i < b.size(); ++i) b[i] += (*fx)[i] / s;
+  return done_.emplace(std::make_pair(name, d), std::move(b)).first->second;
+}
+
+const Tensor<double>* PlainBounds::float_stored(const std::string& name, DType d) {
+  if (!stored16_ || !is16(d)) return nullptr;
+  auto done = stored_.find({name, d});
+  if (done != stored_.end()) return &done->second;
+  const BoundMap& m = base(d);
+  auto it = m.find(name);
+  OASIS_REQUIRE(it != m.end(), name, "no error bound for '", name, "'");
+  Tensor<double> b = it->second;
+  if (const Tensor<double>* fx = fixed(name, d))
+    for (index_t i = 0; i < b.size(); ++i) b[i] += (*fx)[i];
+  return &stored_.emplace(std::make_pair(name, d), std::move(b)).first->second;
 }
 
 Tensor<double> PlainBounds::get(const std::string& name, DType d) {
   Tensor<double> b = raw(name, d);
-  const double s = d == DType::f64 ? 1.0 : unit_roundoff(d) / unit_roundoff(DType::f32);
+  const double s = scale_of(d);
   for (index_t i = 0; i < b.size(); ++i) b[i] *= s;
   return b;
 }
@@ -94,7 +131,7 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
       continue;
     }
     const Tensor<double>& wc = bounds.raw(name, t.dtype);
-    const Tensor<double>* pb = prob ? &prob->raw(name, t.dtype) : nullptr;
+    const Tensor<double>* pb = prob ? &prob->raw(name, t.dtype) : bounds.float_stored(name, t.dtype);
     TensorCheck chk(name, t, opt.show);
     for (index_t i = 0; i < size_of(ref); ++i)
       if (!chk.add(i, value_at(ref, i),

@@ -84,18 +84,33 @@ std::string bound_name(DType d, Policy p, bool has_prob, bool mixture);
 double psi_bound(double u, index_t H, index_t Tk, double psi);
 
 /// B(D) for every output: f64 from the double bound, f32 from the float bound, f16/bf16 the
-/// float bound scaled by u_D / u_f32 (the bounds are first order in u).
+/// float bound scaled by u_D / u_f32 (the bounds are first order in u). An optional `fixed` part
+/// (same layout) is an error the output carries whatever precision it is computed in (a forward
+/// stored in the input type): it is added after the scaling.
 class PlainBounds {
  public:
   using Fn = std::function<BoundMap(bool wide)>;  // wide: double, else float
-  explicit PlainBounds(Fn fn) : fn_(std::move(fn)) {}
+  explicit PlainBounds(Fn fn, Fn fixed = nullptr) : fn_(std::move(fn)), fixed_fn_(std::move(fixed)) {}
   Tensor<double> get(const std::string& name, DType d);
-  /// The unscaled bound at the accumulation precision of d (double for f64, float otherwise).
+  /// The bound at the accumulation precision of d (double for f64, float otherwise), the fixed
+  /// part included divided by the scale get() applies (so that get() = raw() x scale).
   const Tensor<double>& raw(const std::string& name, DType d);
+  /// With stored16(): for a 16-bit output, the float bound plus the fixed part, unscaled: the
+  /// policy line of a kernel that accumulates in float32 and stores the result once in d (the
+  /// gradient ops, which have no probabilistic bound); null otherwise.
+  const Tensor<double>* float_stored(const std::string& name, DType d);
+  PlainBounds& stored16() {
+    stored16_ = true;
+    return *this;
+  }
 
  private:
-  Fn fn_;
-  BoundMap wide_, narrow_;
+  const BoundMap& base(DType d);
+  const Tensor<double>* fixed(const std::string& name, DType d);
+  Fn fn_, fixed_fn_;
+  bool stored16_ = false;
+  std::map<std::pair<std::string, DType>, Tensor<double>> done_, stored_;
+  BoundMap wide_, narrow_, fixed_wide_, fixed_narrow_;
 };
 
 /// Compare every output present against the oracle's `refs` (mp50) with the worst-case bounds and,

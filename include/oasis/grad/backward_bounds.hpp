@@ -168,6 +168,110 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
   return b;
 }
 
+/// The forward a backward reads, as FlashAttention-2 reads it: D = rowsum(dO . O) formed from the
+/// output O' the forward stored (in the input type), P = exp(S - LSE') recomputed from the LSE1 it
+/// stored (docs/tolerances.md, "Designs of real kernels").
+struct StoredForward {
+  const Tensor<double>* out = nullptr;  ///< O' as given ([B, H, Tq, d_v], the options' layout); null: unknown
+  double out_u = 0;                     ///< without `out`: O' is O stored with this unit roundoff
+  const Tensor<double>* lse = nullptr;  ///< LSE1' in nats as given ([B, H, Tq]); null: recomputed in T
+};
+
+/// The error a backward made from a stored forward carries besides its own rounding (absolute; to
+/// add to attention_backward_bounds, not to be scaled to another precision). With dO'_c = |O'_c - O_c|
+/// (given: as measured; not given: out_u |O_c|, the storage rounding; the forward's own error in T
+/// is left to the rounding bound, whose D recomputed from P has the same sums) and the probabilities
+/// off by a relative eps = e^|LSE' - LSE| - 1 (0 without `lse`):
+///   dD   <= sum_c |dO_c| dO'_c + d_v u sum_c |dO_c| (|O_c| + dO'_c) + eps (p_null |dP| + sum_j p_j |dp_j|)
+///   d(dz_j) <= eps |dz_j| + (1 + eps) p_j dD, the null's alike; dv_j gains eps p_j |dO|;
+///   dq, dk, dbias carry d(dz) as the rounding bound carries its dz terms.
+template <class T, class R>
+AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                              const AttentionCotangents<T>& d, const AttentionOptions& opt,
+                                              const AttentionResult<R>& ref, const StoredForward& sf) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  check_attention_cotangents(s, opt, d);
+  OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  if (opt.layout == AttentionLayout::bthd) {
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    AttentionResult<R> rr = ref;
+    rr.out = swap_head_time(ref.out);
+    Tensor<double> ob;
+    StoredForward sb = sf;
+    if (sf.out) sb.out = &(ob = swap_head_time(*sf.out));
+    AttentionBackwardBounds b = stored_forward_bounds(swap_head_time(q), swap_head_time(k), swap_head_time(v),
+                                                      AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, sb);
+    b.q = swap_head_time(b.q);
+    b.k = swap_head_time(b.k);
+    b.v = swap_head_time(b.v);
+    return b;
+  }
+  const double u = Precision::of<T>().u;
+  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
+  const index_t group = s.H / s.H_kv;
+  const bool has_null = opt.normalizer == RowNorm::softmax1;
+  auto D = [](const auto& x) { return static_cast<double>(x); };
+  AttentionBackwardBounds b{Tensor<double>(q.shape()), Tensor<double>(k.shape()), Tensor<double>(v.shape()),
+                            has_null ? Tensor<double>({s.H}) : Tensor<double>(),
+                            opt.bias.empty() ? Tensor<double>() : Tensor<double>(opt.bias.shape()), Tensor<double>()};
+  const std::size_t Tk = static_cast<std::size_t>(s.Tk);
+  std::vector<double> Z(Tk);
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t h = 0; h < s.H; ++h) {
+      const index_t hk = h / group;
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const KeyRange kr = visible_range(s, opt, bb, t);
+        const index_t m = kr.count();
+        const double lse_x = D(ref.lse(bb, h, t));
+        if (!std::isfinite(lse_x)) continue;  // no visible key and no null, or all mass on the null: exact
+        const double eps = sf.lse ? std::expm1(std::abs((*sf.lse)(bb, h, t) - lse_x)) : 0.0;
+        const double pn = has_null ? D(ref.p_null(bb, h, t)) : 0.0;
+        const double dpn = d.p_null.empty() ? 0.0 : D(d.p_null(bb, h, t)), dl = d.lse.empty() ? 0.0 : D(d.lse(bb, h, t));
+        double eD = 0, aD = 0, Dt = pn * dpn, absD = pn * std::abs(dpn);
+        for (index_t c = 0; c < s.d_v; ++c) {
+          const double o = D(ref.out(bb, h, t, c)), g = std::abs(D(d.out(bb, h, t, c)));
+          const double dev = sf.out ? std::abs((*sf.out)(bb, h, t, c) - o) : sf.out_u * std::abs(o);
+          eD += g * dev;
+          aD += g * (std::abs(o) + dev);
+        }
+        std::vector<double> dp(static_cast<std::size_t>(m));
+        for (index_t j = 0; j < m; ++j) {
+          double x = 0;
+          for (index_t c = 0; c < s.d_v; ++c) x += D(d.out(bb, h, t, c)) * D(v(bb, hk, kr.begin + j, c));
+          dp[static_cast<std::size_t>(j)] = x;
+          const double p = D(ref.probs(bb, h, t, kr.begin + j));
+          Dt += p * x;
+          absD += p * std::abs(x);
+        }
+        const double dD = eD + static_cast<double>(s.d_v) * u * aD + eps * absD;
+        for (index_t j = 0; j < m; ++j) {
+          const double p = D(ref.probs(bb, h, t, kr.begin + j));
+          Z[static_cast<std::size_t>(j)] = eps * std::abs(p * (dp[static_cast<std::size_t>(j)] - Dt + dl)) + (1.0 + eps) * p * dD;
+        }
+        if (has_null && (opt.null_logits.empty() || std::isfinite(opt.null_logits[static_cast<std::size_t>(h)])))
+          b.null_logits[h] += kSecondOrder * (eps * std::abs(pn * (dpn - Dt + dl)) + (1.0 + eps) * pn * dD);
+        for (index_t c = 0; c < s.d_h; ++c) {
+          double S = 0;
+          for (index_t j = 0; j < m; ++j) S += Z[static_cast<std::size_t>(j)] * std::abs(D(k(bb, hk, kr.begin + j, c)));
+          b.q(bb, h, t, c) = kSecondOrder * scale * S;
+        }
+        for (index_t j = 0; j < m; ++j) {
+          const index_t key = kr.begin + j;
+          const double zj = Z[static_cast<std::size_t>(j)], p = D(ref.probs(bb, h, t, key));
+          for (index_t c = 0; c < s.d_h; ++c) b.k(bb, hk, key, c) += kSecondOrder * scale * zj * std::abs(D(q(bb, h, t, c)));
+          for (index_t c = 0; c < s.d_v; ++c) b.v(bb, hk, key, c) += kSecondOrder * eps * p * std::abs(D(d.out(bb, h, t, c)));
+          if (!opt.bias.empty()) {
+            const Tensor<double>& bi = opt.bias;
+            b.bias[bi.rank() == 2 ? bi.offset(t, key) : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key)] +=
+                kSecondOrder * zj;
+          }
+        }
+      }
+    }
+  return b;
+}
+
 /// Bounds of attn_res_route_backward's results.
 struct DepthBackwardBounds {
   Tensor<double> sources, g_old, psi;  ///< shapes as DepthGrads

@@ -19,7 +19,8 @@ struct Target {
   Kind kind;
   std::string name;
   const StoredTensor* got;
-  bounds::Precision pr;  ///< accumulation precision of the output: double for f64, float otherwise
+  bounds::Precision pr;  ///< accumulation precision of the output: double for f64, float otherwise, flushing
+  DType in = DType::f32;  ///< the inputs' 16-bit type, if any (allowed_terms)
 };
 
 /// An element whose verdict the fast oracle's error leaves open: recomputed in mp50.
@@ -91,7 +92,7 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
   RefValue ref{hi, 0.0, own.wc, exact};
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
   return chk.add(flat_of(c, {r.b, r.h, r.t}, t.kind, e), ref,
-                 allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho));
+                 allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho, t.in));
 }
 
 std::string row_label(const AttnCall& c, index_t row) {
@@ -127,7 +128,8 @@ CompareReport run(const OpCall& call) {
       continue;
     }
     targets.push_back({it->second.first, name, &t,
-                       t.dtype == DType::f64 ? bounds::Precision::of<double>() : bounds::Precision::of<float>()});
+                       t.dtype == DType::f64 ? bounds::Precision::flushing<double>() : bounds::Precision::flushing<float>(),
+                       input16({q.dtype, k.dtype, v.dtype})});
     slot.push_back(rep.tensors.size());
     rep.tensors.emplace_back();
   }
@@ -264,7 +266,7 @@ CompareReport run(const OpCall& call) {
   }
   for (std::size_t ti = 0; ti < targets.size(); ++ti)
     rep.tensors[slot[ti]] = checks[ti].finish(
-        bound_name(targets[ti].got->dtype, copt.policy, true, targets[ti].kind == Kind::out) +
+        bound_name(targets[ti].got->dtype, copt.policy, true, targets[ti].kind == Kind::out, targets[ti].in) +
         (targets[ti].kind == Kind::lse && !c.lse.is_default() ? "; LSE " + c.lse.describe() : ""));
   if (copt.sample > 0 && copt.sample < c.rows()) {
     rep.sample.rows = static_cast<index_t>(rows.size());

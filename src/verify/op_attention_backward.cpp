@@ -62,7 +62,7 @@ CompareReport run(const OpCall& c) {
         [&q, &k, &v, &cot, &a, &fwd, map](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
-            return map(bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd));
+            return map(bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
           return wide ? run(double{}) : run(float{});
         },

@@ -272,7 +272,7 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
       rep.tensors.push_back(shape_mismatch(name, t, it->second.second));
       continue;
     }
-    targets.push_back({it->second.first, name, &t, t.dtype == DType::f64 ? Precision::of<double>() : Precision::of<float>()});
+    targets.push_back({it->second.first, name, &t, t.dtype == DType::f64 ? Precision::flushing<double>() : Precision::flushing<float>()});
     slot.push_back(rep.tensors.size());
     rep.tensors.emplace_back();
   }

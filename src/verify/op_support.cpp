@@ -78,22 +78,33 @@ Tensor<double> PlainBounds::get(const std::string& name, DType d) {
   return b;
 }
 
-Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho) {
+Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho, DType in) {
   const double scale16 = is16(d) ? unit_roundoff(d) / unit_roundoff(DType::f32) : 1.0;
-  const double certain = 2.0 * wc * scale16;
+  const double scale_in = is16(in) ? unit_roundoff(in) / unit_roundoff(DType::f32) : 1.0;
+  const double certain = 2.0 * wc * std::max(scale16, scale_in);
   if (p == Policy::worst_case || std::isnan(prob)) return {certain, certain, false, rho};
+  // 16-bit inputs: every rounding may be to the input type (the probabilistic bound at u_in)
+  if (is16(in) && p == Policy::probabilistic) return {prob * scale_in, certain, is16(d), rho};
   if (!is16(d)) return {prob, certain, false, rho};
   // accumulated in float32 and rounded once to d (p16: the probabilities rounded to d before P·V)
   const double e = prob + (p == Policy::p16 ? bounds::kSecondOrder * unit_roundoff(d) * mix_mass : 0.0);
   return {e, certain, true, rho};
 }
 
-std::string bound_name(DType d, Policy p, bool has_prob, bool mixture) {
-  if (p == Policy::worst_case) return is16(d) ? "worst-case, all in " + std::string(io::to_string(d)) : "worst-case";
+std::string bound_name(DType d, Policy p, bool has_prob, bool mixture, DType in) {
+  if (p == Policy::worst_case) return is16(d) || is16(in) ? "worst-case, all in " + std::string(io::to_string(is16(in) ? in : d)) : "worst-case";
   if (!has_prob) return "worst-case (no probabilistic bound)";
+  if (is16(in) && p == Policy::probabilistic) return "probabilistic, all in " + std::string(io::to_string(in));
   if (!is16(d)) return "probabilistic";
   const std::string ds(io::to_string(d));
   return (p == Policy::p16 && mixture ? "p16: f32, P in " + ds + ", stored " : "f32 stored as ") + ds;
+}
+
+DType input16(std::initializer_list<DType> xs) {
+  DType r = DType::f32;
+  for (DType x : xs)
+    if (is16(x) && (!is16(r) || unit_roundoff(x) > unit_roundoff(r))) r = x;
+  return r;
 }
 
 double psi_bound(double u, index_t H, index_t Tk, double psi) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -74,10 +75,14 @@ inline bool is16(DType d) { return d == DType::f16 || d == DType::bf16; }
 /// The allowed terms of one element of an output stored in d under policy p (policy.hpp), from the
 /// bounds at the output's accumulation precision (double for f64 outputs, float otherwise):
 /// wc the worst-case B, prob the probabilistic E (NaN: none derived), mix_mass sum_j p_j |v_jc|
-/// of a mixture output (0 otherwise; the p16 term).
-Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho = 0);
+/// of a mixture output (0 otherwise; the p16 term). `in`: the inputs' type; 16-bit inputs let
+/// every intermediate be in that type (the certain line at u_in, and the default policy the
+/// probabilistic bound at u_in: torch eager, tensor-core P·V; docs/policies.md).
+Allowed allowed_terms(DType d, Policy p, double wc, double prob, double mix_mass, double rho = 0, DType in = DType::f32);
 /// The bound column of the report for such a tensor.
-std::string bound_name(DType d, Policy p, bool has_prob, bool mixture);
+std::string bound_name(DType d, Policy p, bool has_prob, bool mixture, DType in = DType::f32);
+/// The 16-bit type of the inputs `xs` with the larger unit roundoff (bf16 over f16), else f32.
+DType input16(std::initializer_list<DType> xs);
 
 /// The bound of psi = mean_h p_null_h over H heads (Tk = 0), or of the mass estimator psi =
 /// mean_h (1 - sum_{j<Tk} p_j), at unit roundoff u (op psi; the model level's psi from p_null).

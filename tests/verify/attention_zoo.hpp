@@ -17,7 +17,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,7 +34,8 @@ namespace oasis::zoo {
 using Result = AttentionResult<float>;
 
 /// What an implementation gets wrong (none: a correct one).
-enum class Bug { none, null_twice, causal_no_diagonal, null_dropped, sink_times_scale, lse_without_null };
+enum class Bug { none, null_twice, causal_no_diagonal, null_dropped, sink_times_scale, lse_without_null, sink_per_kv_head,
+                 window_off_by_one };
 
 /// How an implementation evaluates a row.
 enum class Algo {
@@ -43,6 +47,7 @@ enum class Algo {
   fma,          ///< fused multiply-add dot products and P·V accumulation
   reversed,     ///< sequential sums over the keys in reverse order
   in_double,    ///< evaluated in double, rounded once to float
+  eager16,      ///< torch eager in p16_type: scores, probabilities and P·V each stored in p16_type
 };
 
 struct Impl {
@@ -52,6 +57,8 @@ struct Impl {
   Bug bug = Bug::none;
   bool p16 = false;    ///< round the probabilities to `p16_type` before P·V
   io::DType p16_type = io::DType::bf16;
+  bool ftz = false;       ///< online: GPU fast math flushes every subnormal result to zero
+  bool fast_exp = false;  ///< online: exp2 of ex2.approx's class (relative error up to 2^-22)
 };
 
 namespace detail {
@@ -108,6 +115,18 @@ RowOut eval_row(const Impl& im, const std::vector<float>& zin, const std::vector
     // the chunks apart and combines them at the end. The null logit enters once, at the combine.
     const float kLog2e = 1.4426950408889634f;
     const bool online = im.algo == Algo::online;
+    // fast math: a result below the normal range flushed to zero; exp2 off by up to 2^-22 relative
+    // (the sign taken from the argument's low bits: deterministic, both directions)
+    auto fl = [&](float x) { return im.ftz && std::abs(x) < std::numeric_limits<float>::min() ? 0.0f : x; };
+    auto exp2f_ = [&](float x) {
+      float e = std::exp2(x);
+      if (im.fast_exp) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        e *= (bits & 1u) ? 1.0f + 0x1p-22f : 1.0f - 0x1p-22f;
+      }
+      return fl(e);
+    };
     const index_t chunk = online ? std::max<index_t>(im.block, 1) : std::max<index_t>((m + im.block - 1) / std::max<index_t>(im.block, 1), 1);
     struct Part { float mx = -INFINITY, l = 0; std::vector<float> o; };
     std::vector<Part> parts;
@@ -123,20 +142,20 @@ RowOut eval_row(const Impl& im, const std::vector<float>& zin, const std::vector
       Part& tgt = online ? acc : cur;
       const float mnew = std::max(tgt.mx, bm);
       if (std::isinf(mnew)) continue;  // every key of the block masked so far
-      const float corr = online ? std::exp2(tgt.mx - mnew) : 1.0f;
+      const float corr = online ? exp2f_(tgt.mx - mnew) : 1.0f;
       if (online) {
-        tgt.l *= corr;
-        for (auto& x : tgt.o) x *= corr;
+        tgt.l = fl(tgt.l * corr);
+        for (auto& x : tgt.o) x = fl(x * corr);
       }
       tgt.mx = mnew;
       for (index_t j = b0; j < b1; ++j) {
         const float x = zin[static_cast<std::size_t>(j)];
-        const float pj = online ? std::exp2(x * kLog2e - mnew) : std::exp(x - mnew);
+        const float pj = online ? exp2f_(x * kLog2e - mnew) : std::exp(x - mnew);
         pe[static_cast<std::size_t>(j)] = pj;
-        tgt.l += pj;
+        tgt.l = fl(tgt.l + pj);
         const float pv = im.p16 ? round16(pj, im.p16_type) : pj;
         const float* vj = vrow(j);
-        for (index_t c = 0; c < d_v; ++c) tgt.o[static_cast<std::size_t>(c)] += pv * vj[c];
+        for (index_t c = 0; c < d_v; ++c) tgt.o[static_cast<std::size_t>(c)] = fl(tgt.o[static_cast<std::size_t>(c)] + fl(pv * vj[c]));
       }
       if (!online) parts.push_back(cur);
     }
@@ -149,29 +168,30 @@ RowOut eval_row(const Impl& im, const std::vector<float>& zin, const std::vector
       r.lse = -INFINITY;
       return r;
     }
-    auto ex = [&](float x) { return online ? std::exp2(x) : std::exp(x); };
+    auto ex = [&](float x) { return online ? exp2f_(x) : std::exp(x); };
     float L = has_null ? (twice ? 2.0f : 1.0f) * ex(sl - M) : 0.0f;
     std::vector<float> o(static_cast<std::size_t>(d_v), 0.0f);
     std::vector<float> scl(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) {
       scl[i] = std::isinf(parts[i].mx) ? 0.0f : ex(parts[i].mx - M);
-      L += parts[i].l * scl[i];
-      for (index_t c = 0; c < d_v; ++c) o[static_cast<std::size_t>(c)] += parts[i].o[static_cast<std::size_t>(c)] * scl[i];
+      L = fl(L + fl(parts[i].l * scl[i]));
+      for (index_t c = 0; c < d_v; ++c)
+        o[static_cast<std::size_t>(c)] = fl(o[static_cast<std::size_t>(c)] + fl(parts[i].o[static_cast<std::size_t>(c)] * scl[i]));
     }
     const float inv = 1.0f / L;
-    for (index_t c = 0; c < d_v; ++c) r.out[static_cast<std::size_t>(c)] = o[static_cast<std::size_t>(c)] * inv;
+    for (index_t c = 0; c < d_v; ++c) r.out[static_cast<std::size_t>(c)] = fl(o[static_cast<std::size_t>(c)] * inv);
     const float lse2 = M + std::log2(L);  // in log2 units when online
     const float lse = online ? lse2 / kLog2e : M + std::log(L);
     r.lse = lse;
     if (im.bug == Bug::lse_without_null && has_null) r.lse = online ? (M + std::log2(L - ex(sl - M))) / kLog2e : M + std::log(L - ex(sl - M));
-    r.p_null = has_null ? ex(sl - M) * inv : 0.0f;
+    r.p_null = has_null ? fl(ex(sl - M) * inv) : 0.0f;
     // probabilities: the chunk's exponentials rescaled to the final maximum
     std::size_t pi = 0;
     for (index_t b0 = 0; b0 < m; b0 += chunk, ++pi) {
       const index_t b1 = std::min(m, b0 + chunk);
       for (index_t j = b0; j < b1; ++j) {
         const float x = zin[static_cast<std::size_t>(j)];
-        r.p[static_cast<std::size_t>(j)] = std::isinf(x) ? 0.0f : (online ? std::exp2(x * kLog2e - M) : std::exp(x - M)) * inv;
+        r.p[static_cast<std::size_t>(j)] = std::isinf(x) ? 0.0f : fl((online ? exp2f_(x * kLog2e - M) : std::exp(x - M)) * inv);
       }
     }
     return r;
@@ -239,7 +259,10 @@ inline Result attention(const Impl& im, const Tensor<float>& q, const Tensor<flo
   }
   if (im.bug == Bug::sink_times_scale)
     for (double& s : opt.null_logits) s *= opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(q.dim(3)));
+  if (im.bug == Bug::window_off_by_one && opt.window > 0) opt.window += 1;
   const AttentionShape s = check_attention_args(q, k, v, opt);
+  if (im.bug == Bug::sink_per_kv_head && !opt.null_logits.empty())  // head h takes the sink of its kv head's index
+    for (index_t h = 0; h < s.H; ++h) opt.null_logits[static_cast<std::size_t>(h)] = opt_in.null_logits[static_cast<std::size_t>(h / (s.H / s.H_kv))];
   const float scale = opt.scale ? static_cast<float>(*opt.scale) : 1.0f / std::sqrt(static_cast<float>(s.d_h));
   const double scaled = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
   const bool has_null = opt.normalizer == RowNorm::softmax1;
@@ -277,6 +300,7 @@ inline Result attention(const Impl& im, const Tensor<float>& q, const Tensor<flo
             for (index_t c = 0; c < s.d_h; ++c) dd += static_cast<double>(qt[c]) * static_cast<double>(kj[c]);
           const double bias = attention_bias(opt, b, h, t, kr.begin + j);
           z[static_cast<std::size_t>(j)] = scale * dot + static_cast<float>(bias);
+          if (im.algo == Algo::eager16) z[static_cast<std::size_t>(j)] = detail::round16(z[static_cast<std::size_t>(j)], im.p16_type);
           zd[static_cast<std::size_t>(j)] = scaled * dd + bias;
         }
         const detail::RowOut ro = detail::eval_row(
@@ -371,13 +395,20 @@ inline std::vector<Case> policy_cases() {
 
 // ---- the zoo's calls of op attention (tests/verify/test_policy.cpp, policy_table.cpp) ----------
 
-/// The case's inputs q, k, v (float32).
-inline io::TensorMap inputs_of(const Case& c) {
+/// The case's inputs q, k, v (float32; or stored in d, when their values are exact in it).
+inline io::TensorMap inputs_of(const Case& c, io::DType d = io::DType::f32) {
   io::TensorMap in;
-  in.emplace("q", io::StoredTensor{io::DType::f32, c.q.cast<double>()});
-  in.emplace("k", io::StoredTensor{io::DType::f32, c.k.cast<double>()});
-  in.emplace("v", io::StoredTensor{io::DType::f32, c.v.cast<double>()});
+  in.emplace("q", io::StoredTensor{d, c.q.cast<double>()});
+  in.emplace("k", io::StoredTensor{d, c.k.cast<double>()});
+  in.emplace("v", io::StoredTensor{d, c.v.cast<double>()});
   return in;
+}
+
+/// c with q, k, v rounded to d (the inputs of a kernel that takes d).
+inline Case rounded_to(Case c, io::DType d) {
+  for (Tensor<float>* t : {&c.q, &c.k, &c.v})
+    for (index_t i = 0; i < t->size(); ++i) (*t)[i] = detail::round16(static_cast<float>((*t)[i]), d);
+  return c;
 }
 
 /// The outputs named in `names` (all four when empty), stored in d.
@@ -394,6 +425,7 @@ inline io::TensorMap outputs_of(const Result& r, io::DType d, std::vector<std::s
 /// The op's options of the case as JSON text: causal and the null logits (to 17 digits).
 inline std::string options_json(const Case& c) {
   std::string s = "{\"causal\": " + std::string(c.opt.causal ? "true" : "false");
+  if (c.opt.window > 0) s += ", \"window\": " + std::to_string(c.opt.window);
   if (!c.opt.null_logits.empty()) {
     s += ", \"null_logits\": [";
     for (std::size_t i = 0; i < c.opt.null_logits.size(); ++i) {

@@ -34,11 +34,13 @@ struct AttentionBackwardBounds {
 };
 
 /// Bound on |token_attention_backward<T>(q, k, v, d, opt) - exact| per element. `ref` is the
-/// high-precision forward on the same inputs, computed with return_probs = true.
+/// high-precision forward on the same inputs, computed with return_probs = true. `flush`: a kernel
+/// that may flush subnormal results to zero (Precision::flushing): each probability, product and
+/// sum below the normal range may be lost, an absolute error below min(T) each.
 template <class T, class R>
 AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                                   const AttentionCotangents<T>& d, const AttentionOptions& opt,
-                                                  const AttentionResult<R>& ref) {
+                                                  const AttentionResult<R>& ref, bool flush = false) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
@@ -49,14 +51,15 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
     rr.out = swap_head_time(ref.out);
     AttentionBackwardBounds b = attention_backward_bounds(
         swap_head_time(q), swap_head_time(k), swap_head_time(v),
-        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr);
+        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, flush);
     b.q = swap_head_time(b.q);
     b.k = swap_head_time(b.k);
     b.v = swap_head_time(b.v);
     return b;
   }
   const AttentionBounds fw = attention_bounds(q, k, v, opt, ref);
-  const Precision pr = Precision::of<T>();
+  const Precision pr = flush ? Precision::flushing<T>() : Precision::of<T>();
+  const double fz = pr.flush;
   const double u = pr.u;
   const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
   const index_t group = s.H / s.H_kv;
@@ -106,13 +109,15 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
           const std::size_t jj = static_cast<std::size_t>(j);
           const double w = dp[jj] - Dt + dl;
           dz[jj] = p[jj] * w;
-          Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w));
+          Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w)) +
+                  fz * (std::abs(w) + 2.0);  // p_j flushed, and the product
           b.scores(bb, h, t, kr.begin + j) = kSecondOrder * Z[jj] + pr.p_floor;
         }
         // ds_t = p_null ((dP - D) + dLSE); an infinite null logit's gradient is 0 (attention_backward.hpp)
         if (has_null && (opt.null_logits.empty() || std::isfinite(opt.null_logits[static_cast<std::size_t>(h)]))) {
           const double w = dpn - Dt + dl;
-          Sn[static_cast<std::size_t>(h)] += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w));
+          Sn[static_cast<std::size_t>(h)] += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w)) +
+                                             fz * (std::abs(w) + 3.0);
           An[static_cast<std::size_t>(h)] += std::abs(pn * w);
           cnt_n[static_cast<std::size_t>(h)] += 1;
         }
@@ -124,7 +129,8 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
             S += Z[static_cast<std::size_t>(j)] * kc;
             A += std::abs(dz[static_cast<std::size_t>(j)]) * kc;
           }
-          b.q(bb, h, t, c) = kSecondOrder * scale * (S + static_cast<double>(m + 3) * u * A) + pr.p_floor;
+          b.q(bb, h, t, c) = kSecondOrder * (scale * (S + static_cast<double>(m + 3) * u * A) + static_cast<double>(m + 3) * fz) +
+                             pr.p_floor;
         }
         for (index_t j = 0; j < m; ++j) {
           const std::size_t jj = static_cast<std::size_t>(j);
@@ -137,14 +143,14 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
           }
           for (index_t c = 0; c < s.d_v; ++c) {
             const double oc = std::abs(D(d.out(bb, h, t, c)));
-            Sv(bb, hk, key, c) += P[jj] * oc;
+            Sv(bb, hk, key, c) += P[jj] * oc + fz * (oc + 1.0);
             Av(bb, hk, key, c) += p[jj] * oc;
           }
           if (!opt.bias.empty()) {
             const Tensor<double>& bi = opt.bias;
             const index_t off = bi.rank() == 2 ? bi.offset(t, key)
                                                : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key);
-            Sb[off] += Z[jj];
+            Sb[off] += Z[jj] + fz;
             Ab[off] += std::abs(dz[jj]);
             cnt_b[off] += 1;
           }
@@ -156,7 +162,8 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
       for (index_t j = 0; j < s.Tk; ++j) {
         const double n = cnt_kv(bb, hk, j);
         for (index_t c = 0; c < s.d_h; ++c)
-          b.k(bb, hk, j, c) = kSecondOrder * scale * (Sk(bb, hk, j, c) + (n + 3.0) * u * Ak(bb, hk, j, c)) + pr.p_floor;
+          b.k(bb, hk, j, c) =
+              kSecondOrder * (scale * (Sk(bb, hk, j, c) + (n + 3.0) * u * Ak(bb, hk, j, c)) + (n + 3.0) * fz) + pr.p_floor;
         for (index_t c = 0; c < s.d_v; ++c)
           b.v(bb, hk, j, c) = kSecondOrder * (Sv(bb, hk, j, c) + n * u * Av(bb, hk, j, c)) + pr.p_floor;
       }

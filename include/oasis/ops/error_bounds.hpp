@@ -40,19 +40,28 @@ inline constexpr double kSecondOrder = 1.02;
 
 /// Rounding characteristics of a scalar type.
 struct Precision {
-  double u;        ///< unit roundoff eps/2
-  double p_floor;  ///< absolute floor for probabilities (subnormal underflow): 2 * denorm_min
+  double u;          ///< unit roundoff eps/2
+  double p_floor;    ///< absolute floor for probabilities (subnormal underflow): 2 * denorm_min
+  double flush = 0;  ///< flush-to-zero: each result below the normal range may be 0 (error < this)
   template <class T> static Precision of() {
     return {static_cast<double>(std::numeric_limits<T>::epsilon()) / 2.0,
             2.0 * static_cast<double>(std::numeric_limits<T>::denorm_min())};
+  }
+  /// A kernel under judgement, which may flush subnormal results to zero (GPU fast math, FTZ/DAZ
+  /// on the CPU): every floor at the smallest normal number min(T) instead of the subnormal
+  /// rounding (docs/tolerances.md, "Flush to zero").
+  template <class T> static Precision flushing() {
+    const double mn = static_cast<double>(std::numeric_limits<T>::min());
+    return {static_cast<double>(std::numeric_limits<T>::epsilon()) / 2.0, mn, mn};
   }
 };
 
 /// Absolute floor of a mixture sum_{j<m} p_j v_j: the final rounding near zero (p_floor) and,
 /// per product p_j v_j that falls below the normal range, an absolute rounding error of at most
-/// denorm_min / 2 = p_floor / 4 that the relative model does not cover.
+/// denorm_min / 2 = p_floor / 4 that the relative model does not cover; flushing, per key a
+/// flushed product and a flushed rescaled accumulator (online softmax), each below `flush`.
 inline double underflow_floor(const Precision& pr, index_t m) {
-  return pr.p_floor * (1.0 + 0.25 * static_cast<double>(m));
+  return pr.p_floor * (1.0 + 0.25 * static_cast<double>(m)) + 2.0 * pr.flush * static_cast<double>(m);
 }
 
 /// Bounds of one normalised row.

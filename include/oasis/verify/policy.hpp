@@ -5,7 +5,8 @@
 //   certain    |x_i - ref_i| <= 0.5 ulp_D(ref_i) + 2 B_i(D)
 //              B_i: the sound worst-case first-order bound of the plain reference
 //              (oasis/ops/error_bounds.hpp); f16/bf16 use the float bound scaled by u_D / u_f32, the
-//              bound of a computation that rounds every intermediate to D. Outside it, the element
+//              bound of a computation that rounds every intermediate to D (attention with 16-bit
+//              inputs: to the wider of D and the inputs' type). Outside it, the element
 //              is wrong whatever the implementation's evaluation order: FAIL-certain.
 //   policy     the selected Policy below, never looser than the certain line (the minimum of the
 //              two is used). Outside it: FAIL.
@@ -24,8 +25,10 @@ enum class Policy {
   /// Default. f32 and f64 outputs: 0.5 ulp_D(ref) + E, E = 1.02 lambda u_D R + the underflow
   /// floors, R the probabilistic coefficient bound of oasis/ops/prob_bounds.hpp (Higham & Mary 2019)
   /// with lambda = kLambda. f16 and bf16 outputs are taken as accumulated in float32 and rounded
-  /// once to D: 0.5 ulp_D(|ref| + E) + E with E the float32 term. Ops without a probabilistic
-  /// bound (psi, pseudo_query, coupling's g and dpsi) use the certain line.
+  /// once to D: 0.5 ulp_D(|ref| + E) + E with E the float32 term. Attention with 16-bit inputs:
+  /// E at the inputs' unit roundoff (every intermediate may be 16-bit: tensor-core P·V, torch
+  /// eager). Ops without a probabilistic bound (psi, pseudo_query, coupling's g and dpsi) use the
+  /// certain line; 16-bit gradients of attention_backward the float bound stored once.
   probabilistic,
   /// As probabilistic, for kernels that also round the probabilities (attention) or the depth
   /// weights to the 16-bit output type before the mixing P·V (FlashAttention, torch SDPA): the

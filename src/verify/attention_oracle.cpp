@@ -178,7 +178,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
   ws.W2.resize(nL);
   std::vector<bounds::ProbRow> prs(static_cast<std::size_t>(n));
-  std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sp(static_cast<std::size_t>(n), 0.0);
+  std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sp(static_cast<std::size_t>(n), 0.0),
+      fs(static_cast<std::size_t>(n), 1.0);
   const std::size_t first = out.size();
   std::vector<double> bias, w;
   for (index_t r = 0; r < n; ++r) {
@@ -234,13 +235,20 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
     double* G = ws.W2.data() + r * Lp + off;
+    // the squared weights scaled by f^2 where they would underflow (prob_mix_from_sums)
+    double pmax = 0;
+    for (double x : row.p) pmax = std::max(pmax, x);
+    const double f = bounds::prob_mix_scale(pmax);
+    fs[static_cast<std::size_t>(r)] = f;
+    const bounds::ProbRow& prr = prs[static_cast<std::size_t>(r)];
     for (index_t j = 0; j < m; ++j) {
       const auto ju = static_cast<std::size_t>(j);
       P[j] = row.p[ju];
       G[j] = row.p_wc[ju];
-      Wr[j] = w[ju];
-      W2[j] = w[ju] + row.p[ju] * row.p[ju];
-      sw[static_cast<std::size_t>(r)] += w[ju];
+      const double fp = f * row.p[ju], wj = f == 1.0 ? w[ju] : fp * fp * prr.kappa2[ju];
+      Wr[j] = wj;
+      W2[j] = wj + fp * fp;
+      sw[static_cast<std::size_t>(r)] += wj;
       sp[static_cast<std::size_t>(r)] += row.p[ju];
     }
     out.push_back(std::move(row));
@@ -282,13 +290,18 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.V1[xu] = V1;
       row.absv[xu] = row.m() > 0 ? pe[x] - pb[x] : 0.0;
       const auto ru = static_cast<std::size_t>(r);
-      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru]);
+      const double f = fs[ru];
+      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru], f);
       // the pieces at the double reference: p within its relative error, A within eA, and the
       // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
       const double eA = row.out_bounds(x, dp).wc;
       row.err_out[xu] = eA;
-      const double mag = X2 + 2.0 * std::abs(A * X1) + A * A * sw[ru] + Y2 + A * A * (2.0 + sp[ru]);
-      const double R2 = row.out_R[xu] * row.out_R[xu];
+      // (scaled rows: every term times f^2, R f against it)
+      const double fA = f * A;
+      const double mag = f == 1.0 ? X2 + 2.0 * std::abs(A * X1) + A * A * sw[ru] + Y2 + A * A * (2.0 + sp[ru])
+                                  : X2 + 2.0 * std::abs(A * X1) + std::abs(fA * (A * sw[ru])) + fA * fA * (2.0 + sp[ru]) +
+                                        pr.sigma * pr.sigma * (f * sp[ru]) * f * (Y2 + A * A * (2.0 + sp[ru]));
+      const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min()) +
                         (R2 > 0 ? 1e-14 * mag / R2 : 0.0);
     }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -150,4 +151,33 @@ TEST(AttentionDesigns, MistakesFailEveryDesign) {
           EXPECT_FALSE(r.passed) << verify::format_report(r);
         }
   std::printf("mistakes missed: %d\n", missed);
+}
+
+// Outputs near the bottom of the double range: sinks of 400 to 715 push a correct float64 attention's
+// `out` to 1e-174 .. 1e-311, where the squared weights of the probabilistic bound once underflowed
+// (err/bound up to 2e6 on correct code). It passes under both oracles; the same output with the
+// sink counted twice fails (where `out` is normal: a subnormal one may be flushed to zero).
+TEST(AttentionDesigns, OutputsNearTheBottomOfTheDoubleRange) {
+  for (double sink : {400.0, 550.0, 715.0}) {
+    zoo::Case c = zoo::make_case("tiny_out", 1, 2, 2, 8, 64, 16, true, true, 1.0, 1.0, 7);
+    c.opt.null_logits.assign(2, sink);
+    const auto r = oasis::token_attention(c.q.cast<double>(), c.k.cast<double>(), c.v.cast<double>(), c.opt);
+    ASSERT_LT(std::abs(r.out[0]), 1e-160);
+    const io::TensorMap out{{"out", {io::DType::f64, r.out}}, {"p_null", {io::DType::f64, r.p_null}}};
+    io::TensorMap twice = out;
+    for (index_t i = 0; i < r.out.size(); ++i) twice.at("out").values[i] *= 0.5;  // the null counted twice: p_null ~ 1
+    for (verify::Oracle o : {verify::Oracle::fast, verify::Oracle::mp50}) {
+      SCOPED_TRACE("sink " + std::to_string(sink) + (o == verify::Oracle::fast ? " fast" : " mp50"));
+      verify::CompareOptions co;
+      co.oracle = o;
+      const verify::CompareReport ok = verify::check("attention", zoo::inputs_of(c), out, io::json::parse(zoo::options_json(c)), co);
+      EXPECT_TRUE(ok.passed) << verify::format_report(ok);
+      const verify::CompareReport bad =
+          verify::check("attention", zoo::inputs_of(c), twice, io::json::parse(zoo::options_json(c)), co);
+      if (std::abs(r.out[0]) > std::numeric_limits<double>::min())  // subnormal: may be flushed (docs/policies.md)
+        EXPECT_EQ(verify::verdict_word(bad), "FAIL-certain") << verify::format_report(bad);
+      std::printf("tiny out: sink %g %s worst err/bound %.3g (oracle: %s)\n", sink, o == verify::Oracle::fast ? "fast" : "mp50",
+                  worst(ok), ok.oracle.c_str());
+    }
+  }
 }

@@ -108,33 +108,47 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
 /// R(A) of one mixture element A = sum_j p_j v_j (attention output, routed depth state) of a row
 /// from its sums: X2 = sum_j (w_j + p_j^2) v_j^2, X1 = sum_j w_j v_j, sw = sum_j w_j with
 /// w_j = p_j^2 kappa_j^2; Y2 = sum_j p_j v_j^2, sp = sum_j p_j; V1 = sum_j p_j |v_j|; A exact.
+/// `f` (a power of 2): X2, X1 and sw are given times f^2, the weights scaled so that their squares
+/// do not underflow (a row whose probabilities are all below ~1e-154: huge sinks); R is returned
+/// unscaled. Every term of R^2 is quadratic in the probabilities' scale, so R f is formed first.
 inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, double V1, double X1, double X2, double sw,
-                                 double Y2, double sp) {
-  const double a2 = A * A;
+                                 double Y2, double sp, double f = 1.0) {
+  const double fA = f * A, a2 = A * A;
   const double spread = std::max(0.0, Y2 - 2.0 * a2 + a2 * sp);  // sum_j p_j (v_j - A)^2
-  const double R2 = (X2 - 2.0 * A * X1 + a2 * sw) + p_null * p_null * r.kappa2_null * a2 +
-                    (3.0 * static_cast<double>(r.terms) + 4.0) * a2 + 3.0 * static_cast<double>(r.keys) * V1 * V1 +
-                    r.sigma * r.sigma * sp * spread;
-  return std::sqrt(std::max(R2, 0.0));
+  const double fV1 = f * V1;
+  const double R2 = (X2 - 2.0 * A * X1 + fA * (A * sw)) + p_null * p_null * r.kappa2_null * fA * fA +
+                    (3.0 * static_cast<double>(r.terms) + 4.0) * fA * fA + 3.0 * static_cast<double>(r.keys) * fV1 * fV1 +
+                    r.sigma * r.sigma * (f * sp) * (f * spread);
+  return std::sqrt(std::max(R2, 0.0)) / f;
+}
+
+/// The power of 2 that prob_mix_from_sums' sums of squared weights need for probabilities of at
+/// most `pmax` (1 unless their squares could leave the normal range).
+inline double prob_mix_scale(double pmax) {
+  if (!(pmax > 0.0) || pmax >= 0x1p-400) return 1.0;
+  return std::ldexp(1.0, -std::ilogb(pmax));
 }
 
 /// R(A) of one mixture element of a row: v[j * stride] for the m terms of the row, A exact.
 inline double prob_mix(const ProbRow& r, const double* p, const double* v, index_t stride, index_t m, double p_null,
                        double A) {
+  double pmax = 0;
+  for (index_t j = 0; j < m; ++j) pmax = std::max(pmax, p[j]);
+  const double f = prob_mix_scale(pmax);
   double X2 = 0, X1 = 0, sw = 0, Y2 = 0, sp = 0, V1 = 0;
   for (index_t j = 0; j < m; ++j) {
     const double pj = p[j];
     if (pj == 0.0) continue;
-    const double vj = v[j * stride];
-    const double w = pj * pj * r.kappa2[static_cast<std::size_t>(j)];
-    X2 += (w + pj * pj) * vj * vj;
+    const double vj = v[j * stride], fp = f * pj;
+    const double w = fp * fp * r.kappa2[static_cast<std::size_t>(j)];
+    X2 += (w + fp * fp) * vj * vj;
     X1 += w * vj;
     sw += w;
     Y2 += pj * vj * vj;
     sp += pj;
     V1 += pj * std::abs(vj);
   }
-  return prob_mix_from_sums(r, p_null, A, V1, X1, X2, sw, Y2, sp);
+  return prob_mix_from_sums(r, p_null, A, V1, X1, X2, sw, Y2, sp, f);
 }
 
 /// zeta^2 of a score z = scale <q, k_j> + b (units of u): the dot product's d_h products and

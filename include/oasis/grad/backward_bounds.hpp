@@ -104,12 +104,18 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
           ED += P[jj] * std::abs(x) + p[jj] * E[jj];
         }
         ED += static_cast<double>(m + 1) * u * absD;
+        // the cotangent of p_null may reach the kernel through the probabilities (autograd of the
+        // authors' psi, 1 - sum_j p_j): dp_j - dP on every key, D' = sum_j p_j (dp_j - dP), whose
+        // dP parts cancel to p_null dP; their errors do not (docs/tolerances.md, "Backward")
+        double sP = 0;
+        for (index_t j = 0; j < m; ++j) sP += P[static_cast<std::size_t>(j)];
+        ED += (sP + static_cast<double>(m + 1) * u * std::max(0.0, 1.0 - pn)) * std::abs(dpn);
         // dz_j = p_j ((dp_j - D) + dLSE): the recomputed p_j, dp_j, D, two roundings and the product
         for (index_t j = 0; j < m; ++j) {
           const std::size_t jj = static_cast<std::size_t>(j);
           const double w = dp[jj] - Dt + dl;
           dz[jj] = p[jj] * w;
-          Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w)) +
+          Z[jj] = P[jj] * std::abs(w) + p[jj] * (E[jj] + ED + u * std::abs(dp[jj] - Dt) + 2.0 * u * std::abs(w) + u * std::abs(dpn)) +
                   fz * (std::abs(w) + 2.0);  // p_j flushed, and the product
           b.scores(bb, h, t, kr.begin + j) = kSecondOrder * Z[jj] + pr.p_floor;
         }

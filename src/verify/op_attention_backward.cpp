@@ -7,6 +7,7 @@
 
 #include "lse_convention.hpp"
 #include "ops.hpp"
+#include "oasis/grad/backward_prob_bounds.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -53,18 +54,33 @@ CompareReport run(const OpCall& c) {
   // The policy's bounds: the reference backward's bound in float (f16/bf16/f32 outputs) or double
   // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double),
   // and the stored forward's error added unscaled.
-  auto plain_bounds = [&](const auto& fwd) {
+  // `prob`: the probabilistic bound (backward_prob_bounds.hpp) instead of the worst case, for
+  // f32/f16/bf16 gradients; f64 ones keep the worst-case line (NaN: none), which the double oracle
+  // decides without recomputing the whole op in mp50 (at u = 2^-53 its own error is of the order
+  // of the probabilistic line).
+  auto plain_bounds = [&](const auto& fwd, bool prob) {
     auto map = [](const bounds::AttentionBackwardBounds& b) {
       return BoundMap{{"grad_q", b.q}, {"grad_k", b.k}, {"grad_v", b.v}, {"grad_null_logits", b.null_logits},
                       {"grad_bias", b.bias}};
     };
     return PlainBounds(
-        [&q, &k, &v, &cot, &a, &fwd, map](bool wide) {
+        [&q, &k, &v, &cot, &a, &fwd, map, prob](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
-            return map(bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
+            return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda)
+                            : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
-          return wide ? run(double{}) : run(float{});
+          if (!wide || !prob) return wide ? run(double{}) : run(float{});
+          const double nan = std::numeric_limits<double>::quiet_NaN();
+          auto filled = [nan](const Shape& sh) {
+            Tensor<double> t(sh);
+            for (index_t i = 0; i < t.size(); ++i) t[i] = nan;
+            return t;
+          };
+          return BoundMap{{"grad_q", filled(q.values.shape())}, {"grad_k", filled(k.values.shape())},
+                          {"grad_v", filled(v.values.shape())},
+                          {"grad_null_logits", a.normalizer == RowNorm::softmax1 ? filled({q.values.dim(a.layout == AttentionLayout::bthd ? 2 : 1)}) : Tensor<double>()},
+                          {"grad_bias", a.bias.empty() ? Tensor<double>() : filled(a.bias.shape())}};
         },
         [&q, &k, &v, &cot, &a, &fwd, &sf, map](bool wide) {
           auto run = [&](auto tag) {
@@ -72,8 +88,7 @@ CompareReport run(const OpCall& c) {
             return map(bounds::stored_forward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, sf));
           };
           return wide ? run(double{}) : run(float{});
-        })
-        .stored16();
+        });
   };
   // a stored forward beyond the forward's certain line is not the forward of these inputs
   auto check_stored = [&](const auto& fwd) {
@@ -122,14 +137,14 @@ CompareReport run(const OpCall& c) {
     check_stored(fwd);
     const AttentionGrads<double> ref = token_attention_backward(qd, kd, vd, dd, ab);
     const bounds::AttentionBackwardBounds own = bounds::attention_backward_bounds(qd, kd, vd, dd, a, fwd);
-    PlainBounds pb = plain_bounds(fwd);
+    PlainBounds pb = plain_bounds(fwd, false), pp = plain_bounds(fwd, true);
     const index_t undecided = compare_outputs(rep, out,
                                               {{"grad_q", {&ref.q, &own.q, 1.01}},
                                                {"grad_k", {&ref.k, &own.k, 1.01}},
                                                {"grad_v", {&ref.v, &own.v, 1.01}},
                                                {"grad_null_logits", {&ref.null_logits, &own.null_logits, 1.01}},
                                                {"grad_bias", {&ref.bias, &own.bias, 1.01}}},
-                                              pb, c.compare, kRho);
+                                              pb, c.compare, kRho, &pp);
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
@@ -167,11 +182,11 @@ CompareReport run(const OpCall& c) {
   if (fallback.empty()) check_stored(fwd);
   if (convert) lse_cotangents(lc, fwd, a.normalizer, dlse->values, dpn ? &dpn->values : nullptr, dlse1, dpn1);
   const AttentionGrads<mp50> ref = token_attention_backward(qm, km, vm, cot(mp50{}), ab);
-  PlainBounds bounds = plain_bounds(fwd);
+  PlainBounds bounds = plain_bounds(fwd, false), prob = plain_bounds(fwd, true);
   compare_outputs(rep, out,
                   {{"grad_q", &ref.q}, {"grad_k", &ref.k}, {"grad_v", &ref.v}, {"grad_null_logits", &ref.null_logits},
                    {"grad_bias", &ref.bias}},
-                  bounds, c.compare);
+                  bounds, c.compare, &prob);
   rep.oracle = convert ? "mp50 (grad_lse in another LSE convention: converted exactly in mp50)" : "mp50" + fallback;
   return rep;
 }

@@ -58,17 +58,17 @@ const Tensor<double>& PlainBounds::raw(const std::string& name, DType d) {
   return done_.emplace(std::make_pair(name, d), std::move(b)).first->second;
 }
 
-const Tensor<double>* PlainBounds::float_stored(const std::string& name, DType d) {
-  if (!stored16_ || !is16(d)) return nullptr;
-  auto done = stored_.find({name, d});
-  if (done != stored_.end()) return &done->second;
+const Tensor<double>& PlainBounds::unscaled(const std::string& name, DType d) {
+  const Tensor<double>* fx = fixed(name, d);
   const BoundMap& m = base(d);
   auto it = m.find(name);
   OASIS_REQUIRE(it != m.end(), name, "no error bound for '", name, "'");
+  if (!fx) return it->second;
+  auto done = unscaled_.find({name, d});
+  if (done != unscaled_.end()) return done->second;
   Tensor<double> b = it->second;
-  if (const Tensor<double>* fx = fixed(name, d))
-    for (index_t i = 0; i < b.size(); ++i) b[i] += (*fx)[i];
-  return &stored_.emplace(std::make_pair(name, d), std::move(b)).first->second;
+  for (index_t i = 0; i < b.size(); ++i) b[i] += (*fx)[i];
+  return unscaled_.emplace(std::make_pair(name, d), std::move(b)).first->second;
 }
 
 Tensor<double> PlainBounds::get(const std::string& name, DType d) {
@@ -142,7 +142,7 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
       continue;
     }
     const Tensor<double>& wc = bounds.raw(name, t.dtype);
-    const Tensor<double>* pb = prob ? &prob->raw(name, t.dtype) : bounds.float_stored(name, t.dtype);
+    const Tensor<double>* pb = prob ? &prob->unscaled(name, t.dtype) : nullptr;
     TensorCheck chk(name, t, opt.show);
     for (index_t i = 0; i < size_of(ref); ++i)
       if (!chk.add(i, value_at(ref, i),
@@ -151,7 +151,8 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
         ++undecided;
         chk.leave_undecided(i);
       }
-    rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, pb != nullptr, false)));
+    const bool has_prob = pb != nullptr && (pb->empty() || !std::isnan((*pb)[0]));
+    rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, has_prob, false)));
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
   return undecided;
@@ -165,8 +166,8 @@ void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::ma
 }
 
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
-                        PlainBounds& bounds, const CompareOptions& opt, double rho) {
-  return compare_each(rep, outputs, refs, bounds, opt, nullptr, rho);
+                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob) {
+  return compare_each(rep, outputs, refs, bounds, opt, prob, rho);
 }
 
 bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptions& opt, const std::string& what) {

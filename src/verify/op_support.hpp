@@ -100,21 +100,15 @@ class PlainBounds {
   /// The bound at the accumulation precision of d (double for f64, float otherwise), the fixed
   /// part included divided by the scale get() applies (so that get() = raw() x scale).
   const Tensor<double>& raw(const std::string& name, DType d);
-  /// With stored16(): for a 16-bit output, the float bound plus the fixed part, unscaled: the
-  /// policy line of a kernel that accumulates in float32 and stores the result once in d (the
-  /// gradient ops, which have no probabilistic bound); null otherwise.
-  const Tensor<double>* float_stored(const std::string& name, DType d);
-  PlainBounds& stored16() {
-    stored16_ = true;
-    return *this;
-  }
+  /// The bound plus the fixed part, unscaled: a policy term E (a probabilistic bound at the
+  /// accumulation precision; allowed_terms takes E of a 16-bit output unscaled).
+  const Tensor<double>& unscaled(const std::string& name, DType d);
 
  private:
   const BoundMap& base(DType d);
   const Tensor<double>* fixed(const std::string& name, DType d);
   Fn fn_, fixed_fn_;
-  bool stored16_ = false;
-  std::map<std::pair<std::string, DType>, Tensor<double>> done_, stored_;
+  std::map<std::pair<std::string, DType>, Tensor<double>> done_, unscaled_;
   BoundMap wide_, narrow_, fixed_wide_, fixed_narrow_;
 };
 
@@ -133,7 +127,7 @@ struct DoubleRef {
 /// As above against double references, the policy's terms known within a relative `rho`; returns
 /// the number of elements their errors leave undecided (rep is then to be recomputed in mp50).
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
-                        PlainBounds& bounds, const CompareOptions& opt, double rho);
+                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob = nullptr);
 
 /// The budget of the mp50 fallback (CompareOptions::mp50_budget, mp50_memory; docs/policies.md,
 /// "Failing fast"): whether recomputing in mp50 at an estimated `work` (multiply-adds) and `bytes`

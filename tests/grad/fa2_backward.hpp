@@ -39,6 +39,11 @@ enum class Mutant {
   gqa_not_summed,    ///< dk, dv of a kv head from its last query head only
   causal_missing,    ///< the backward recomputes the scores without the causal mask
   dp_without_complement,  ///< ds's dP term p_null dP instead of p_null (1 - p_null) dP
+  dlse_missing,      ///< dS without the dLSE term
+  dp_term_missing,   ///< dS of the keys without the - p_null dP term
+  p_keys_only,       ///< P recomputed with the keys-only denominator, exp(S - LSE_keys)
+  ds_group_summed,   ///< the null logits' gradient summed over each GQA group (every head gets its group's sum)
+  ds_batch0_only,    ///< the null logits' gradient summed over batch element 0 only
 };
 
 inline const char* name_of(Mutant m) {
@@ -50,6 +55,11 @@ inline const char* name_of(Mutant m) {
     case Mutant::gqa_not_summed: return "gqa_gradients_not_summed";
     case Mutant::causal_missing: return "causal_mask_missing_in_backward";
     case Mutant::dp_without_complement: return "dp_term_without_1_minus_p_null";
+    case Mutant::dlse_missing: return "dlse_term_missing";
+    case Mutant::dp_term_missing: return "dp_term_missing";
+    case Mutant::p_keys_only: return "P_with_the_keys_only_denominator";
+    case Mutant::ds_group_summed: return "dsink_summed_over_the_gqa_group";
+    case Mutant::ds_batch0_only: return "dsink_over_batch_0_only";
   }
   return "?";
 }
@@ -139,15 +149,19 @@ AttentionGrads<T> fa2_backward(const Tensor<T>& q, const Tensor<T>& k, const Ten
           for (index_t t0 = 0; t0 < s.Tq; t0 += block)
             for (index_t t = t0; t < std::min(s.Tq, t0 + block); ++t) {
               if (is_neg_inf(lse(b, h, t))) continue;
-              const T dl = d.lse.empty() ? T(0) : d.lse(b, h, t), dP = d.p_null.empty() ? T(0) : d.p_null(b, h, t);
+              const T dl = d.lse.empty() || mu == Mutant::dlse_missing ? T(0) : d.lse(b, h, t);
+              const T dP = d.p_null.empty() ? T(0) : d.p_null(b, h, t);
+              const T pnull_term = mu == Mutant::dp_term_missing ? T(0) : pn(b, h, t) * dP;
+              const T lse_p = mu == Mutant::p_keys_only && null && pn(b, h, t) < T(1) ? lse(b, h, t) + log(T(1) - pn(b, h, t))
+                                                                                      : lse(b, h, t);
               for (index_t j = j0; j < j1; ++j) {
                 bool vis;
                 const T z = score(back, b, h, t, j, vis);
                 if (!vis) continue;
-                const T p = exp(z - lse(b, h, t));
+                const T p = exp(z - lse_p);
                 T dp(0);
                 for (index_t c = 0; c < s.d_v; ++c) dp += d.out(b, h, t, c) * v(b, hk, j, c);
-                const T dz = p * (dp - D(b, h, t) + dl - pn(b, h, t) * dP);
+                const T dz = p * (dp - D(b, h, t) + dl - pnull_term);
                 for (index_t c = 0; c < s.d_v; ++c) dv(j - j0, c) += p * d.out(b, h, t, c);
                 for (index_t c = 0; c < s.d_h; ++c) {
                   dk(j - j0, c) += scale * dz * q(b, h, t, c);
@@ -162,13 +176,21 @@ AttentionGrads<T> fa2_backward(const Tensor<T>& q, const Tensor<T>& k, const Ten
         }
       }
   if (null && mu != Mutant::sink_dropped)
-    for (index_t b = 0; b < s.B; ++b)
+    for (index_t b = 0; b < (mu == Mutant::ds_batch0_only ? 1 : s.B); ++b)
       for (index_t h = 0; h < s.H; ++h)
         for (index_t t = 0; t < s.Tq; ++t) {
-          const T p = pn(b, h, t), dl = d.lse.empty() ? T(0) : d.lse(b, h, t), dP = d.p_null.empty() ? T(0) : d.p_null(b, h, t);
+          const T p = pn(b, h, t), dP = d.p_null.empty() ? T(0) : d.p_null(b, h, t);
+          const T dl = d.lse.empty() || mu == Mutant::dlse_missing ? T(0) : d.lse(b, h, t);
           const T comp = mu == Mutant::dp_without_complement ? T(1) : T(1) - p;
           g.null_logits[h] += p * (dl - D(b, h, t) + comp * dP);
         }
+  if (null && mu == Mutant::ds_group_summed) {
+    const Tensor<T> per_head = g.null_logits;
+    for (index_t h = 0; h < s.H; ++h) {
+      g.null_logits[h] = T(0);
+      for (index_t h2 = (h / group) * group; h2 < (h / group + 1) * group; ++h2) g.null_logits[h] += per_head[h2];
+    }
+  }
   return g;
 }
 

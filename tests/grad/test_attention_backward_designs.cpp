@@ -36,7 +36,7 @@ struct Submission {
   DType out_dtype = DType::f32;
 };
 
-verify::CompareReport compare(const Instance& I, const Submission& s) {
+verify::CompareReport compare(const Instance& I, const Submission& s, const verify::CompareOptions& co = {}) {
   std::string o = "{\"causal\": " + std::string(I.opt.causal ? "true" : "false") + ", \"normalizer\": \"" +
                   std::string(to_string(I.opt.normalizer)) + "\"}";
   io::TensorMap in, out;
@@ -57,7 +57,7 @@ verify::CompareReport compare(const Instance& I, const Submission& s) {
   put(out, "grad_k", s.g.k, s.grad_dtype);
   put(out, "grad_v", s.g.v, s.grad_dtype);
   put(out, "grad_null_logits", s.g.null_logits, s.null_dtype);
-  return verify::check("attention_backward", in, out, io::json::parse(o), {});
+  return verify::check("attention_backward", in, out, io::json::parse(o), co);
 }
 
 /// An instance with inputs exact in `d` (sinks as make_instance draws them, in [-2, 2]).
@@ -254,6 +254,41 @@ TEST(AttentionBackwardDesigns, PsiThroughTheProbabilitiesPasses) {
       }()
                                 : psi_through_probabilities<double>(I, -c);
       EXPECT_FALSE(compare(I, wrong).passed);
+    }
+  }
+}
+
+// The mistakes of docs/spec.md §8 at 4096 keys, in f32 and in bf16 (FlashAttention-2 with O stored
+// in the input type), sinks of +12, dLSE and dP given: each fails the default (probabilistic)
+// policy; the worst-case line, printed beside it, misses some (the gradient ops had only that line).
+// The correct design passes both.
+TEST(AttentionBackwardDesigns, SpecMistakesFailAt4096Keys) {
+  Case c{"spec_4096", 2, 2, 1, 4, 4096, 32, 32};
+  c.dlse = c.dp_null = true;
+  Instance base = make_instance(c, base_seed() + 440);
+  base.opt.null_logits.assign(2, 12.0);
+  verify::CompareOptions wc;
+  wc.policy = verify::Policy::worst_case;
+  for (DType d : {DType::f32, DType::bf16}) {
+    Instance I = base;
+    if (d == DType::bf16) I = instance_in(c, base_seed() + 440, d), I.opt.null_logits.assign(2, 12.0);
+    const verify::CompareReport ok = compare(I, fa2_in(I, d, Mutant::none, true));
+    EXPECT_TRUE(ok.passed) << verify::format_report(ok);
+    double wok = 0;
+    for (const auto& t : ok.tensors) wok = std::max(wok, t.worst_ratio);
+    std::printf("4096 keys %-4s %-40s default %-12s err/bound %.3g\n", std::string(io::to_string(d)).c_str(), "correct",
+                verify::verdict_word(ok).c_str(), wok);
+    for (Mutant mu : {Mutant::sink_dropped, Mutant::dlse_missing, Mutant::dp_term_missing, Mutant::dp_without_complement,
+                      Mutant::d_without_null, Mutant::p_keys_only, Mutant::gqa_not_summed, Mutant::ds_group_summed,
+                      Mutant::ds_batch0_only}) {
+      SCOPED_TRACE(std::string(io::to_string(d)) + " " + name_of(mu));
+      const Submission s = fa2_in(I, d, mu, true);
+      const verify::CompareReport r = compare(I, s);
+      EXPECT_FALSE(r.passed) << verify::format_report(r);
+      double worst = 0;
+      for (const auto& t : r.tensors) worst = std::max(worst, t.worst_ratio);
+      std::printf("4096 keys %-4s %-40s default %-12s err/bound %-9.3g worst_case %s\n", std::string(io::to_string(d)).c_str(),
+                  name_of(mu), verify::verdict_word(r).c_str(), worst, verify::verdict_word(compare(I, s, wc)).c_str());
     }
   }
 }

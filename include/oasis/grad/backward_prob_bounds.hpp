@@ -1,0 +1,208 @@
+// oasis/grad/backward_prob_bounds.hpp — the probabilistic bound of the token-attention backward
+// (the default policy of oasis-verify compare for attention_backward; docs/tolerances.md,
+// "The probabilistic bound of the backward").
+//
+// Model as oasis/ops/prob_bounds.hpp (Higham & Mary 2019): to first order an element's error is
+// sum_i c_i delta_i over its rounding events, |delta_i| <= u, independent and mean zero; then
+// |error| <= lambda u R, R = sqrt(sum_i c_i^2), with probability >= 1 - 2 exp(-lambda^2 / 2).
+// Events shared by several terms are coherent (their coefficients add before squaring). Per row t
+// (exact p_j, p_null, D, w_j = dp_j - D + dLSE, dz_j = p_j w_j, dp_j = <dO_t, v_j>), with P
+// recomputed from the LSE as a FlashAttention-2 backward does:
+//   p_j    own events   kappa_j^2 = zeta_j^2 + (z_j - LSE)^2 + 5    (score, subtraction, exp)
+//          shared       the LSE's error eps_L, R_L = R(LSE) of the forward row (prob_row)
+//   dp_j   R^2 = (d_v + 1) A_j^2,  A_j = sum_c |dO_c v_jc|          (products and partial sums)
+//   D      own R_D^2 = sum_j [(dp_j p_j kappa_j)^2 + (p_j R(dp_j))^2 + (p_j dp_j)^2]
+//                      + (p_null kappa_0 dP)^2 + (m + 1) absD^2,  absD = p_null |dP| + sum_j p_j |dp_j|
+//                      (+ sum_j (p_j kappa_j dP)^2 + (m + 1) ((1 - p_null) dP)^2: dP through the
+//                      probabilities, backward_bounds.hpp); shared: D eps_L
+//   dz_j   own R^2 = (w_j p_j kappa_j)^2 + (p_j R(dp_j))^2 + (p_j (dp_j - D))^2 + (p_j w_j)^2 + dz_j^2 + (p_j dP)^2
+//          coherent in the row: -p_j delta_D (R_D) and p_j (w_j - D) eps_L (R_L)
+//   dq_tc  = scale sum_j dz_j k_jc:  scale^2 [sum_j k_jc^2 R_own(dz_j)^2 + (sum_j p_j k_jc)^2 R_D^2
+//            + (sum_j p_j (w_j - D) k_jc)^2 R_L^2 + (m + 1) (sum_j |dz_j k_jc|)^2] + 3 dq^2
+//   dk_jc, dbias: the same terms summed over the rows that see key j (independent rows), with
+//            q_tc for k_jc (1 for the bias) and (n + 1) (sum |dz q|)^2 for the sums over n rows
+//   dv_jc  = sum_t p_tj dO_tc:  sum_t (dO_tc p_tj)^2 (kappa_tj^2 + R_L,t^2) + (n + 1) (sum_t |p_tj dO_tc|)^2
+//   ds_h   = sum_t p_null (dP - D + dLSE): the null's own events, its R_D and R_L terms per row,
+//            (cnt + 1) (sum |ds_t|)^2 for the sum over the rows
+// (partial sums of a recursive or blocked sum are bounded by the sum of magnitudes, as the worst case
+// does; the gain over the worst case is the square root of the number of terms). The bound is
+// 1.02 lambda u R plus the worst-case floors of a kernel that may flush subnormals (Precision::flushing).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "oasis/grad/backward_bounds.hpp"
+#include "oasis/ops/prob_bounds.hpp"
+
+namespace oasis::bounds {
+
+/// The probabilistic bound (1.02 lambda u R + floors) of every gradient of token_attention_backward<T>
+/// (shapes as AttentionBackwardBounds; scores left empty). `ref` is the exact forward with probs.
+template <class T, class R>
+AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                                       const AttentionCotangents<T>& d, const AttentionOptions& opt,
+                                                       const AttentionResult<R>& ref, double lambda) {
+  const AttentionShape s = check_attention_args(q, k, v, opt);
+  check_attention_cotangents(s, opt, d);
+  OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
+  if (opt.layout == AttentionLayout::bthd) {
+    AttentionOptions o = opt;
+    o.layout = AttentionLayout::bhtd;
+    AttentionResult<R> rr = ref;
+    rr.out = swap_head_time(ref.out);
+    AttentionBackwardBounds b = prob_attention_backward_bounds(
+        swap_head_time(q), swap_head_time(k), swap_head_time(v),
+        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, lambda);
+    b.q = swap_head_time(b.q);
+    b.k = swap_head_time(b.k);
+    b.v = swap_head_time(b.v);
+    return b;
+  }
+  const Precision pr = Precision::flushing<T>();
+  const double u = pr.u, fz = pr.flush, K = kSecondOrder * lambda * u;
+  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));
+  const index_t group = s.H / s.H_kv;
+  const bool has_null = opt.normalizer == RowNorm::softmax1;
+  auto D_ = [](const auto& x) { return static_cast<double>(x); };
+  auto sq = [](double x) { return x * x; };
+  AttentionBackwardBounds b{Tensor<double>(q.shape()), Tensor<double>(k.shape()), Tensor<double>(v.shape()),
+                            has_null ? Tensor<double>({s.H}) : Tensor<double>(),
+                            opt.bias.empty() ? Tensor<double>() : Tensor<double>(opt.bias.shape()), Tensor<double>()};
+  // per key (and bias entry, and head): the sums of squares over rows (R2), the sums of |terms| (A)
+  // and the terms' count
+  Tensor<double> R2k(k.shape()), Ak(k.shape()), R2v(v.shape()), Av(v.shape()), cnt({s.B, s.H_kv, s.Tk});
+  Tensor<double> R2b(b.bias.shape()), Ab(b.bias.shape()), cntb(b.bias.shape());
+  std::vector<double> R2n(static_cast<std::size_t>(s.H)), An(R2n.size()), cntn(R2n.size());
+  const std::size_t Tk = static_cast<std::size_t>(s.Tk);
+  std::vector<double> z(Tk), zeta2(Tk), p(Tk), dp(Tk), Rdp(Tk), kap2(Tk), own2(Tk), dz(Tk), a(Tk), w(Tk);
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t h = 0; h < s.H; ++h) {
+      const index_t hk = h / group;
+      const double sl = opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
+      const bool null_grad = has_null && std::isfinite(sl);
+      for (index_t t = 0; t < s.Tq; ++t) {
+        const KeyRange kr = visible_range(s, opt, bb, t);
+        const index_t m = kr.count();
+        const double lse = D_(ref.lse(bb, h, t));
+        if (!std::isfinite(lse)) continue;  // no visible key and no null, or all mass on the null: exact
+        double maxQ = 0, maxz = 0;
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          const index_t key = kr.begin + j;
+          double dot = 0, Q = 0;
+          for (index_t c = 0; c < s.d_h; ++c) {
+            const double x = D_(q(bb, h, t, c)) * D_(k(bb, hk, key, c));
+            dot += x;
+            Q += std::abs(x);
+          }
+          const double bias = attention_bias(opt, bb, h, t, key);
+          z[jj] = scale * dot + bias;
+          zeta2[jj] = std::isinf(bias) ? 0.0 : score_zeta2(s.d_h, scale, Q, scale * dot, bias, z[jj]);
+          p[jj] = D_(ref.probs(bb, h, t, key));
+          if (!std::isinf(bias)) {
+            maxQ = std::max(maxQ, Q);
+            maxz = std::max(maxz, std::abs(z[jj]));
+          }
+        }
+        const double pn = has_null ? D_(ref.p_null(bb, h, t)) : 0.0;
+        const ProbRow row = prob_row(opt.normalizer, z.data(), zeta2.data(), m, sl, sl * sl, scale * maxQ + maxz, p.data(),
+                                     pn, lse, false);
+        const double RL = row.lse;
+        const double dpn = d.p_null.empty() ? 0.0 : D_(d.p_null(bb, h, t)), dl = d.lse.empty() ? 0.0 : D_(d.lse(bb, h, t));
+        const double kap2n = has_null ? sl * sl + sq(sl - lse) + 5.0 : 0.0;
+        double Dt = pn * dpn, absD = pn * std::abs(dpn), RD2 = sq(pn * dpn) * kap2n;
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          double x = 0, ax = 0;
+          for (index_t c = 0; c < s.d_v; ++c) {
+            const double y = D_(d.out(bb, h, t, c)) * D_(v(bb, hk, kr.begin + j, c));
+            x += y;
+            ax += std::abs(y);
+          }
+          dp[jj] = x;
+          Rdp[jj] = std::sqrt(static_cast<double>(s.d_v + 1)) * ax;
+          kap2[jj] = std::isinf(z[jj]) ? 0.0 : zeta2[jj] + sq(z[jj] - lse) + 5.0;
+          Dt += p[jj] * x;
+          absD += p[jj] * std::abs(x);
+          RD2 += sq(x * p[jj]) * kap2[jj] + sq(p[jj] * Rdp[jj]) + sq(p[jj] * x) + sq(p[jj] * dpn) * kap2[jj];
+        }
+        RD2 += static_cast<double>(m + 1) * (sq(absD) + sq(std::max(0.0, 1.0 - pn) * dpn));
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          w[jj] = dp[jj] - Dt + dl;
+          dz[jj] = p[jj] * w[jj];
+          a[jj] = p[jj] * (w[jj] - Dt);
+          own2[jj] = sq(w[jj] * p[jj]) * kap2[jj] + sq(p[jj] * Rdp[jj]) + sq(p[jj] * (dp[jj] - Dt)) + sq(p[jj] * w[jj]) +
+                     sq(dz[jj]) + sq(p[jj] * dpn);
+        }
+        if (null_grad) {
+          const double wn = dpn - Dt + dl, ds = pn * wn;
+          const std::size_t hh = static_cast<std::size_t>(h);
+          R2n[hh] += sq(pn * wn) * kap2n + sq(pn) * RD2 + sq(pn * (wn - Dt) * RL) + sq(pn * (dpn - Dt)) + 2.0 * sq(ds);
+          An[hh] += std::abs(ds);
+          cntn[hh] += 1;
+        }
+        // dq_tc: the row's keys
+        for (index_t c = 0; c < s.d_h; ++c) {
+          double own = 0, cD = 0, cL = 0, A = 0, dq = 0, fl = 0;
+          for (index_t j = 0; j < m; ++j) {
+            const std::size_t jj = static_cast<std::size_t>(j);
+            const double kc = D_(k(bb, hk, kr.begin + j, c));
+            own += sq(kc) * own2[jj];
+            cD += p[jj] * kc;
+            cL += a[jj] * kc;
+            A += std::abs(dz[jj] * kc);
+            dq += dz[jj] * kc;
+            fl += fz * (std::abs(w[jj]) + 2.0) * std::abs(kc);
+          }
+          const double R2 = sq(scale) * (own + sq(cD) * RD2 + sq(cL * RL) + static_cast<double>(m + 1) * sq(A)) + 3.0 * sq(scale * dq);
+          b.q(bb, h, t, c) = K * std::sqrt(R2) + kSecondOrder * (scale * fl + static_cast<double>(m + 3) * fz) + pr.p_floor;
+        }
+        // dk, dv, dbias: this row's terms of every key it sees
+        for (index_t j = 0; j < m; ++j) {
+          const std::size_t jj = static_cast<std::size_t>(j);
+          const index_t key = kr.begin + j;
+          cnt(bb, hk, key) += 1;
+          for (index_t c = 0; c < s.d_h; ++c) {
+            const double qc = D_(q(bb, h, t, c));
+            R2k(bb, hk, key, c) += sq(qc) * (own2[jj] + sq(p[jj]) * RD2 + sq(a[jj] * RL));
+            Ak(bb, hk, key, c) += std::abs(dz[jj] * qc);
+          }
+          for (index_t c = 0; c < s.d_v; ++c) {
+            const double oc = D_(d.out(bb, h, t, c));
+            R2v(bb, hk, key, c) += sq(oc * p[jj]) * (kap2[jj] + sq(RL)) + sq(p[jj] * oc);
+            Av(bb, hk, key, c) += std::abs(p[jj] * oc);
+          }
+          if (!opt.bias.empty()) {
+            const Tensor<double>& bi = opt.bias;
+            const index_t off = bi.rank() == 2 ? bi.offset(t, key) : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key);
+            R2b[off] += own2[jj] + sq(p[jj]) * RD2 + sq(a[jj] * RL);
+            Ab[off] += std::abs(dz[jj]);
+            cntb[off] += 1;
+          }
+        }
+      }
+    }
+  for (index_t bb = 0; bb < s.B; ++bb)
+    for (index_t hk = 0; hk < s.H_kv; ++hk)
+      for (index_t j = 0; j < s.Tk; ++j) {
+        const double n = cnt(bb, hk, j);
+        for (index_t c = 0; c < s.d_h; ++c)
+          b.k(bb, hk, j, c) = K * scale * std::sqrt(R2k(bb, hk, j, c) + (n + 1.0) * sq(Ak(bb, hk, j, c)) + 3.0 * sq(Ak(bb, hk, j, c))) +
+                              kSecondOrder * (n + 3.0) * fz * (1.0 + scale) + pr.p_floor;
+        for (index_t c = 0; c < s.d_v; ++c)
+          b.v(bb, hk, j, c) = K * std::sqrt(R2v(bb, hk, j, c) + (n + 1.0) * sq(Av(bb, hk, j, c))) +
+                              kSecondOrder * (n + 1.0) * fz * 2.0 + pr.p_floor;
+      }
+  for (index_t h = 0; h < b.null_logits.size(); ++h) {
+    const std::size_t hh = static_cast<std::size_t>(h);
+    b.null_logits[h] = K * std::sqrt(R2n[hh] + (cntn[hh] + 1.0) * sq(An[hh])) + kSecondOrder * (cntn[hh] + 1.0) * 3.0 * fz + pr.p_floor;
+  }
+  for (index_t i = 0; i < b.bias.size(); ++i)
+    b.bias[i] = K * std::sqrt(R2b[i] + (cntb[i] + 1.0) * sq(Ab[i])) + kSecondOrder * (cntb[i] + 1.0) * fz + pr.p_floor;
+  return b;
+}
+
+}  // namespace oasis::bounds

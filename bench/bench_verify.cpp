@@ -230,6 +230,31 @@ static void BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks(benc
   answers_bench(state, *p);
 }
 
+/// The backward check's cost by policy: worst_case (0: the worst-case line alone) and the default
+/// probabilistic policy (1: the probabilistic bound computed besides it), beside the cpu_fast kernel.
+static void BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks(benchmark::State& state) {
+  static std::unique_ptr<Problem> p = attention_backward_problem(8, 8, 1024, 64, true);
+  verify::CompareOptions co;
+  co.policy = state.range(0) == 0 ? verify::Policy::worst_case : verify::Policy::probabilistic;
+  verify::CompareReport rep;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rep = verify::check(p->op, p->in, p->out, p->options, co);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!rep.passed) abort_run("attention_backward check did not pass:\n" + verify::format_report(rep));
+  AttentionCotangents<float> dc;
+  dc.out = p->dout;
+  const auto t0 = std::chrono::steady_clock::now();
+  benchmark::DoNotOptimize(token_attention_backward(Backend::cpu_fast, p->q, p->k, p->v, dc, p->opt));
+  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["check_s"] = seconds;
+  state.counters["kernel_s"] = kernel_s;
+  state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
+  state.SetLabel(std::string(verify::to_string(co.policy)));
+}
+
 static void BM_Verify_attention_causal_32x4096x128(benchmark::State& state) {
   static std::unique_ptr<Problem> p = attention_problem(32, 32, 4096, 128, false);
   verify_bench(state, *p);
@@ -340,6 +365,7 @@ BENCHMARK(BM_VerifyAnswers_attention_causal_32x4096x128)->DenseRange(0, 2)->Iter
 BENCHMARK(BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_depth_8192_tokens_33_sources_d2048)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();

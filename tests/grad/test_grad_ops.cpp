@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
@@ -266,4 +267,45 @@ TEST(GradOps, AttentionBackwardInTheBthdLayout) {
   const verify::CompareReport bad = verify::check(
       "attention_backward", in, as_map({{"grad_q", g.q.cast<double>().reshaped({2, 5, 4, 8})}}), opt);
   EXPECT_FALSE(bad.passed);
+}
+
+// The fast double oracle of pseudo_query_backward and psi_backward gives the mp50 oracle's verdicts
+// and violation counts (f32 and f64 outputs; one element moved), deciding every element itself.
+TEST(GradOps, PseudoQueryAndPsiBackwardFastOracleAgreesWithMp50) {
+  auto rng = oasis::test::make_rng(1703);
+  const Tensor<double> s = oasis::test::randn<float>({5, 32, 64}, rng).cast<double>(),
+                       w = oasis::test::randn<float>({64}, rng).cast<double>(),
+                       gain = oasis::test::uniform<float>({64}, rng, 0.5, 1.5).cast<double>(),
+                       dg = oasis::test::randn<float>({5, 32}, rng).cast<double>(),
+                       dpsi = oasis::test::randn<float>({2, 32}, rng).cast<double>();
+  verify::CompareOptions fast, mp;
+  mp.oracle = verify::Oracle::mp50;
+  for (io::DType d : {io::DType::f32, io::DType::f64}) {
+    const io::TensorMap in = as_map({{"sources", s}, {"w", w}, {"gain", gain}, {"grad_g", dg}});
+    auto grads = [&](auto tag) {
+      using T = decltype(tag);
+      const PseudoQueryGrads<T> g = pseudo_query_logits_backward(s.cast<T>(), w.cast<T>(), gain.cast<T>(), dg.cast<T>());
+      return as_map({{"grad_sources", g.sources.template cast<double>()}, {"grad_w", g.w.template cast<double>()},
+                     {"grad_gain", g.gain.template cast<double>()}},
+                    d);
+    };
+    const io::TensorMap pin = as_map({{"p_null", Tensor<double>({2, 4, 32})}, {"grad_psi", dpsi}});
+    io::TensorMap out = d == io::DType::f32 ? grads(float{}) : grads(double{});
+    io::TensorMap pout = as_map({{"grad_p_null", d == io::DType::f32 ? null_statistic_backward(dpsi.cast<float>(), 4).cast<double>()
+                                                                        : null_statistic_backward(dpsi, 4)}},
+                                d);
+    for (int moved = 0; moved < 2; ++moved) {
+      SCOPED_TRACE(std::string(io::to_string(d)) + (moved ? " moved" : ""));
+      if (moved) out.at("grad_w").values[3] *= 1.1, pout.at("grad_p_null").values[7] *= 1.001;
+      for (const auto& [op, i, o] : {std::tuple{"pseudo_query_backward", &in, &out}, std::tuple{"psi_backward", &pin, &pout}}) {
+        const verify::CompareReport a = verify::check(op, *i, *o, io::json::parse("{}"), fast);
+        const verify::CompareReport b = verify::check(op, *i, *o, io::json::parse("{}"), mp);
+        EXPECT_EQ(a.oracle, "fast (double, its own error bound folded in)") << op;
+        EXPECT_EQ(a.passed, !moved) << verify::format_report(a);
+        EXPECT_EQ(a.passed, b.passed) << op;
+        ASSERT_EQ(a.tensors.size(), b.tensors.size());
+        for (std::size_t x = 0; x < a.tensors.size(); ++x) EXPECT_EQ(a.tensors[x].violations, b.tensors[x].violations) << op;
+      }
+    }
+  }
 }

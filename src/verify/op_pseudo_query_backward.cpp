@@ -1,9 +1,11 @@
 // src/verify/op_pseudo_query_backward.cpp — op "pseudo_query_backward": the gradients of the Kimi
 // depth logits g_i = w^T RMSNorm(s_i) (docs/spec.md §4, §8) from the incoming gradient of g.
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "ops.hpp"
+#include "oasis/grad/backward_prob_bounds.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 
@@ -29,6 +31,19 @@ CompareReport run(const OpCall& c) {
     };
     return wide ? run(double{}) : run(float{});
   };
+  // the probabilistic bound (backward_prob_bounds.hpp) for f32/f16/bf16 gradients; f64 ones keep the
+  // worst-case line (NaN), as attention_backward's
+  auto prob = [&](bool wide) {
+    const bounds::PseudoQueryBackwardBounds b = bounds::prob_pseudo_query_logits_backward_bounds(
+        as<float>(src), as<float>(w), gain.empty() ? Tensor<float>() : as<float>(gain), as<float>(dg), k, kLambda);
+    BoundMap m{{"grad_sources", b.sources}, {"grad_w", b.w}, {"grad_gain", b.gain}};
+    if (wide)
+      for (auto& [name, t] : m)
+        for (index_t i = 0; i < t.size(); ++i) t[i] = std::numeric_limits<double>::quiet_NaN();
+    return m;
+  };
+  PlainBounds pp(prob);
+  PlainBounds* ppp = c.compare.policy == Policy::worst_case ? nullptr : &pp;
   CompareReport rep;
   rep.op = op;
   std::string fallback;
@@ -46,7 +61,7 @@ CompareReport run(const OpCall& c) {
     const index_t undecided = compare_outputs(
         rep, out,
         {{"grad_sources", {&rd.sources, &own.sources, 1.0}}, {"grad_w", {&rd.w, &own.w, 1.0}}, {"grad_gain", {&rd.gain, &own.gain, 1.0}}},
-        pb, c.compare, 1e-12);
+        pb, c.compare, 1e-12, ppp);
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
@@ -66,7 +81,7 @@ CompareReport run(const OpCall& c) {
       as<mp50>(src), as<mp50>(w), gain.empty() ? Ref() : as<mp50>(gain), as<mp50>(dg), k);
   PlainBounds bounds(plain);
   compare_outputs(rep, out, {{"grad_sources", &ref.sources}, {"grad_w", &ref.w}, {"grad_gain", &ref.gain}}, bounds,
-                  c.compare);
+                  c.compare, ppp);
   rep.oracle = "mp50" + fallback;
   return rep;
 }

@@ -309,3 +309,44 @@ TEST(GradOps, PseudoQueryAndPsiBackwardFastOracleAgreesWithMp50) {
     }
   }
 }
+
+// pseudo_query_backward's probabilistic bound (the default policy for f32 gradients) at a real
+// size (9 sources, 64 tokens, d = 1024): the library's float backward passes, with and without
+// compute_in_float32 on double inputs; a norm backward whose projection term takes the mean over
+// d - 1 fails it (the worst-case line, printed beside it, may not).
+TEST(GradOps, PseudoQueryBackwardProbabilisticBound) {
+  auto rng = oasis::test::make_rng(1704);
+  const index_t n = 9, N = 64, d = 1024;
+  const Tensor<double> s = oasis::test::randn<float>({n, N, d}, rng).cast<double>(),
+                       w = oasis::test::randn<float>({d}, rng, 0.05).cast<double>(),
+                       gain = oasis::test::uniform<float>({d}, rng, 0.5, 1.5).cast<double>(),
+                       dg = oasis::test::randn<float>({n, N}, rng).cast<double>();
+  const io::TensorMap in = as_map({{"sources", s}, {"w", w}, {"gain", gain}, {"grad_g", dg}});
+  auto out_of = [](const PseudoQueryGrads<float>& x) {
+    return as_map({{"grad_sources", x.sources.cast<double>()}, {"grad_w", x.w.cast<double>()}, {"grad_gain", x.gain.cast<double>()}});
+  };
+  PseudoQueryGrads<float> g = pseudo_query_logits_backward(s.cast<float>(), w.cast<float>(), gain.cast<float>(), dg.cast<float>());
+  const verify::CompareReport ok = verify::check("pseudo_query_backward", in, out_of(g));
+  EXPECT_TRUE(ok.passed) << verify::format_report(ok);
+  double worst = 0;
+  for (const auto& t : ok.tensors) worst = std::max(worst, t.worst_ratio);
+  std::printf("pseudo_query_backward f32 correct: %s, worst err/bound %.3g\n", verify::verdict_word(ok).c_str(), worst);
+  // the projection's mean over d - 1 (ds_c = inv (dxhat_c - xhat_c sum_c' dxhat xhat / (d - 1)))
+  for (index_t i = 0; i < n; ++i)
+    for (index_t t = 0; t < N; ++t) {
+      double ss = 0, m = 0;
+      for (index_t c = 0; c < d; ++c) ss += s(i, t, c) * s(i, t, c);
+      const double inv = 1.0 / std::sqrt(ss / d + 1e-6);
+      for (index_t c = 0; c < d; ++c) m += dg(i, t) * w[c] * gain[c] * s(i, t, c) * inv;
+      m /= static_cast<double>(d - 1);
+      for (index_t c = 0; c < d; ++c)
+        g.sources(i, t, c) = static_cast<float>(inv * (dg(i, t) * w[c] * gain[c] - s(i, t, c) * inv * m));
+    }
+  const verify::CompareReport bad = verify::check("pseudo_query_backward", in, out_of(g));
+  EXPECT_FALSE(find(bad, "grad_sources")->passed) << verify::format_report(bad);
+  verify::CompareOptions wc;
+  wc.policy = verify::Policy::worst_case;
+  std::printf("pseudo_query_backward mean over d - 1: default %s (err/bound %.3g), worst_case %s\n",
+              verify::verdict_word(bad).c_str(), find(bad, "grad_sources")->worst_ratio,
+              verify::verdict_word(verify::check("pseudo_query_backward", in, out_of(g), io::json::parse("{}"), wc)).c_str());
+}

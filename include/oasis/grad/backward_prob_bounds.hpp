@@ -205,4 +205,77 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
   return b;
 }
 
+/// The probabilistic bound (1.02 lambda u R + floors) of pseudo_query_logits_backward<T> (shapes as
+/// PseudoQueryBackwardBounds). Per row (i, t), events in units of u (of the norm's arithmetic, at
+/// most u_T): ss = sum_c x_c^2 (products, partial sums <= ss: R^2 = sum x^4 + (d - 1) ss^2), then
+/// mean, + eps, sqrt, reciprocal: inv's relative rho2 = (R(ss)/ss)^2 / 4 + 3.5 (shared by the row);
+/// xhat_c = x_c inv, y_c = xhat_c gain_c, dy_c = dg w_c, dxhat_c = dy_c gain_c (one event each, and
+/// one per input rounded to float32 under compute_in_float32); tau_c = dxhat_c xhat_c,
+/// m = (1/d) sum_c tau_c (own R_m^2 = (sum tau^2 (4 + 2 in) + (sum tau)^2 + d (sum |tau|)^2) / d^2;
+/// its inv part m eps_inv is coherent with the others); ds_c = inv r_c, r_c = dxhat_c - xhat_c m:
+///   R^2 = inv^2 (dxhat^2 (2 + in) + (xhat m)^2 (2 + in) + xhat^2 R_m^2 + r^2) + (inv r)^2 + (inv (r - 2 xhat m))^2 rho2
+/// dw_c, dgain_c sum one term per row (rows independent) plus (n N + 1) (sum |terms|)^2 for the sum.
+template <class T>
+PseudoQueryBackwardBounds prob_pseudo_query_logits_backward_bounds(const Tensor<T>& sources, const Tensor<T>& w,
+                                                                  const Tensor<T>& gain, const Tensor<T>& dg,
+                                                                  const KeyNormOptions& opt, double lambda) {
+  require_rank(sources, 3, "sources", "[n, N, d]");
+  const index_t n = sources.dim(0), N = sources.dim(1), d = sources.dim(2);
+  const Precision pr = Precision::flushing<T>();
+  const bool f32 = opt.compute_in_float32 && !std::is_same_v<T, float>;
+  const double u = std::max(pr.u, f32 ? Precision::of<float>().u : 0.0), K = kSecondOrder * lambda * u;
+  const double in = f32 ? 1.0 : 0.0, dd = static_cast<double>(d);
+  auto D_ = [](const auto& x) { return static_cast<double>(x); };
+  auto sq = [](double x) { return x * x; };
+  PseudoQueryBackwardBounds b{Tensor<double>({n, N, d}), Tensor<double>({d}), gain.empty() ? Tensor<double>() : Tensor<double>({d})};
+  std::vector<double> R2w(static_cast<std::size_t>(d)), Aw(R2w.size()), R2g(R2w.size()), Ag(R2w.size()), xh(R2w.size()),
+      dxh(R2w.size());
+  for (index_t i = 0; i < n; ++i)
+    for (index_t t = 0; t < N; ++t) {
+      double ss = 0, x4 = 0;
+      for (index_t c = 0; c < d; ++c) {
+        const double x2 = sq(D_(sources(i, t, c)));
+        ss += x2;
+        x4 += sq(x2);
+      }
+      const double inv = 1.0 / std::sqrt(ss / dd + opt.eps);
+      const double rss2 = ss > 0 ? (x4 * (1.0 + 4.0 * in) + (dd - 1.0) * sq(ss)) / sq(ss) : 0.0;
+      const double rho2 = rss2 / 4.0 + 3.5;
+      const double g = D_(dg(i, t));
+      double msum = 0, tau2 = 0, tabs = 0;
+      for (index_t c = 0; c < d; ++c) {
+        const std::size_t cc = static_cast<std::size_t>(c);
+        const double ga = gain.empty() ? 1.0 : D_(gain[c]), wc = D_(w[c]);
+        xh[cc] = D_(sources(i, t, c)) * inv;
+        const double y = xh[cc] * ga, ty = g * y;
+        R2w[cc] += sq(ty) * (rho2 + 3.0 + 2.0 * in);
+        Aw[cc] += std::abs(ty);
+        const double tg = g * wc * xh[cc];
+        R2g[cc] += sq(tg) * (rho2 + 3.0 + 2.0 * in);
+        Ag[cc] += std::abs(tg);
+        dxh[cc] = g * wc * ga;
+        const double tau = dxh[cc] * xh[cc];
+        msum += tau;
+        tau2 += sq(tau);
+        tabs += std::abs(tau);
+      }
+      const double m = msum / dd;
+      const double Rm2 = (tau2 * (4.0 + 2.0 * in) + sq(msum) + dd * sq(tabs)) / sq(dd);
+      for (index_t c = 0; c < d; ++c) {
+        const std::size_t cc = static_cast<std::size_t>(c);
+        const double r = dxh[cc] - xh[cc] * m;
+        const double R2 = sq(inv) * (sq(dxh[cc]) * (2.0 + in) + sq(xh[cc] * m) * (2.0 + in) + sq(xh[cc]) * Rm2 + sq(r)) +
+                          sq(inv * r) + sq(inv * (r - 2.0 * xh[cc] * m)) * rho2;
+        b.sources(i, t, c) = K * std::sqrt(R2) + pr.p_floor;
+      }
+    }
+  const double cnt = static_cast<double>(n * N);
+  for (index_t c = 0; c < d; ++c) {
+    const std::size_t cc = static_cast<std::size_t>(c);
+    b.w[c] = K * std::sqrt(R2w[cc] + (cnt + 1.0) * sq(Aw[cc])) + pr.p_floor;
+    if (!gain.empty()) b.gain[c] = K * std::sqrt(R2g[cc] + (cnt + 1.0) * sq(Ag[cc])) + pr.p_floor;
+  }
+  return b;
+}
+
 }  // namespace oasis::bounds

@@ -298,9 +298,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.err_out[xu] = eA;
       // (scaled rows: every term times f^2, R f against it)
       const double fA = f * A;
-      const double mag = f == 1.0 ? X2 + 2.0 * std::abs(A * X1) + A * A * sw[ru] + Y2 + A * A * (2.0 + sp[ru])
-                                  : X2 + 2.0 * std::abs(A * X1) + std::abs(fA * (A * sw[ru])) + fA * fA * (2.0 + sp[ru]) +
-                                        pr.sigma * pr.sigma * (f * sp[ru]) * f * (Y2 + A * A * (2.0 + sp[ru]));
+      const double mag = X2 + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw[ru])) + fA * fA * (2.0 + sp[ru]) +
+                         pr.sigma * pr.sigma * (f * sp[ru]) * f * (Y2 + A * A * (2.0 + sp[ru]));
       const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min()) +
                         (R2 > 0 ? 1e-14 * mag / R2 : 0.0);

@@ -65,10 +65,11 @@ CompareReport run(const OpCall& c) {
                       {"grad_bias", b.bias}};
     };
     return PlainBounds(
-        [&q, &k, &v, &cot, &a, &fwd, map, prob](bool wide) {
+        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
-            return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda)
+            return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda,
+                                                                     sf.out_u)
                             : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
           if (!wide || !prob) return wide ? run(double{}) : run(float{});

@@ -17,6 +17,7 @@ namespace oasis::attention_grad_test {
 /// float32), and where the stored values go (null: not returned).
 struct Fa2Storage {
   io::DType out_dtype = io::DType::f64;  ///< O rounded to this type before D = rowsum(dO O) (f64: kept in T)
+  io::DType gemm_dtype = io::DType::f64;  ///< P and dS rounded to this type before the dv, dq, dk products (f64: kept)
   Tensor<double>* out = nullptr;         ///< receives the stored O [B, H, Tq, d_v]
   Tensor<double>* lse = nullptr;         ///< receives the stored LSE1 [B, H, Tq]
 };
@@ -161,8 +162,9 @@ AttentionGrads<T> fa2_backward(const Tensor<T>& q, const Tensor<T>& k, const Ten
                 const T p = exp(z - lse_p);
                 T dp(0);
                 for (index_t c = 0; c < s.d_v; ++c) dp += d.out(b, h, t, c) * v(b, hk, j, c);
-                const T dz = p * (dp - D(b, h, t) + dl - pnull_term);
-                for (index_t c = 0; c < s.d_v; ++c) dv(j - j0, c) += p * d.out(b, h, t, c);
+                const T dz = stored(p * (dp - D(b, h, t) + dl - pnull_term), st.gemm_dtype);
+                const T pg = stored(p, st.gemm_dtype);
+                for (index_t c = 0; c < s.d_v; ++c) dv(j - j0, c) += pg * d.out(b, h, t, c);
                 for (index_t c = 0; c < s.d_h; ++c) {
                   dk(j - j0, c) += scale * dz * q(b, h, t, c);
                   g.q(b, h, t, c) += scale * dz * k(b, hk, j, c);

@@ -4,7 +4,8 @@
 //
 // FlashAttention-2 in bf16: inputs in bf16, the forward in float32 storing O in bf16 and LSE1 in
 // float32, the backward forming D = rowsum(dO O) from the stored O and P = exp(S - LSE1) from the
-// stored LSE, gradients of q, k, v stored in bf16 and the null logits' in float32. Seeds: base_seed()
+// stored LSE, P and dS rounded to bf16 before the dv, dq, dk products (tensor cores), gradients of
+// q, k, v stored in bf16 and the null logits' in float32. Seeds: base_seed()
 // (OASIS_GRAD_SEED) + 400 + i, printed.
 #include <gtest/gtest.h>
 
@@ -76,7 +77,7 @@ Submission fa2_in(const Instance& I, DType d, Mutant mu, bool give_stored) {
   s.in_dtype = s.grad_dtype = s.out_dtype = d;
   Tensor<double> O, L;
   const AttentionGrads<float> g = fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), cotangents<float>(I),
-                                               I.opt, mu, 64, Fa2Storage{d, &O, &L});
+                                               I.opt, mu, 64, Fa2Storage{d, d, &O, &L});
   s.g = {rounded(g.q.cast<double>(), d), rounded(g.k.cast<double>(), d), rounded(g.v.cast<double>(), d),
          g.null_logits.cast<double>(), Tensor<double>()};
   if (give_stored) s.out = O, s.lse = L;

@@ -72,13 +72,16 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
                             Tensor<double>({s.B, s.H, s.Tq, s.Tk})};
   // accumulated sums: S = sum of propagated term errors, A = sum |terms|, and term counts
   Tensor<double> Sk(k.shape()), Ak(k.shape()), Sv(v.shape()), Av(v.shape()), cnt_kv({s.B, s.H_kv, s.Tk});
-  std::vector<double> Sn(static_cast<std::size_t>(s.H)), An(Sn.size()), cnt_n(Sn.size());
+  Tensor<double> Sn({s.B, s.H}), An({s.B, s.H}), cnt_n({s.B, s.H});  // per batch element, summed below
   Tensor<double> Sb(b.bias.shape()), Ab(b.bias.shape()), cnt_b(b.bias.shape());
   const std::size_t Tk = static_cast<std::size_t>(s.Tk);
-  std::vector<double> p(Tk), P(Tk), dp(Tk), E(Tk), dz(Tk), Z(Tk);
-  for (index_t bb = 0; bb < s.B; ++bb)
-    for (index_t h = 0; h < s.H; ++h) {
-      const index_t hk = h / group;
+  // (batch, kv head) pairs in parallel: each writes only its own keys' sums (a bias shared across
+  // them is summed in order, without threads); rows within a pair in the sequential order
+#pragma omp parallel for schedule(dynamic) if (opt.bias.empty())
+  for (index_t unit = 0; unit < s.B * s.H_kv; ++unit) {
+    std::vector<double> p(Tk), P(Tk), dp(Tk), E(Tk), dz(Tk), Z(Tk);
+    const index_t bb = unit / s.H_kv, hk = unit % s.H_kv;
+    for (index_t h = hk * group; h < (hk + 1) * group; ++h) {
       for (index_t t = 0; t < s.Tq; ++t) {
         const KeyRange kr = visible_range(s, opt, bb, t);
         const index_t m = kr.count();
@@ -122,10 +125,9 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
         // ds_t = p_null ((dP - D) + dLSE); an infinite null logit's gradient is 0 (attention_backward.hpp)
         if (has_null && (opt.null_logits.empty() || std::isfinite(opt.null_logits[static_cast<std::size_t>(h)]))) {
           const double w = dpn - Dt + dl;
-          Sn[static_cast<std::size_t>(h)] += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w)) +
-                                             fz * (std::abs(w) + 3.0);
-          An[static_cast<std::size_t>(h)] += std::abs(pn * w);
-          cnt_n[static_cast<std::size_t>(h)] += 1;
+          Sn(bb, h) += Pn * std::abs(w) + pn * (ED + u * std::abs(dpn - Dt) + 2.0 * u * std::abs(w)) + fz * (std::abs(w) + 3.0);
+          An(bb, h) += std::abs(pn * w);
+          cnt_n(bb, h) += 1;
         }
         // dq_t = scale * sum_j dz_j k_j: m products and sums, then the scale (computed: 2u) and its product
         for (index_t c = 0; c < s.d_h; ++c) {
@@ -163,6 +165,7 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
         }
       }
     }
+  }
   for (index_t bb = 0; bb < s.B; ++bb)
     for (index_t hk = 0; hk < s.H_kv; ++hk)
       for (index_t j = 0; j < s.Tk; ++j) {
@@ -174,8 +177,9 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
           b.v(bb, hk, j, c) = kSecondOrder * (Sv(bb, hk, j, c) + n * u * Av(bb, hk, j, c)) + pr.p_floor;
       }
   for (index_t h = 0; h < b.null_logits.size(); ++h) {
-    const std::size_t hh = static_cast<std::size_t>(h);
-    b.null_logits[h] = kSecondOrder * (Sn[hh] + cnt_n[hh] * u * An[hh]) + pr.p_floor;
+    double S = 0, A = 0, n = 0;
+    for (index_t bb = 0; bb < s.B; ++bb) S += Sn(bb, h), A += An(bb, h), n += cnt_n(bb, h);
+    b.null_logits[h] = kSecondOrder * (S + n * u * A) + pr.p_floor;
   }
   for (index_t i = 0; i < b.bias.size(); ++i) b.bias[i] = kSecondOrder * (Sb[i] + cnt_b[i] * u * Ab[i]) + pr.p_floor;
   return b;
@@ -229,10 +233,13 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
                             has_null ? Tensor<double>({s.H}) : Tensor<double>(),
                             opt.bias.empty() ? Tensor<double>() : Tensor<double>(opt.bias.shape()), Tensor<double>()};
   const std::size_t Tk = static_cast<std::size_t>(s.Tk);
-  std::vector<double> Z(Tk);
-  for (index_t bb = 0; bb < s.B; ++bb)
-    for (index_t h = 0; h < s.H; ++h) {
-      const index_t hk = h / group;
+  Tensor<double> Bn({s.B, s.H});  // the null logits' part per batch element, summed below
+  // (batch, kv head) pairs in parallel, as attention_backward_bounds
+#pragma omp parallel for schedule(dynamic) if (opt.bias.empty())
+  for (index_t unit = 0; unit < s.B * s.H_kv; ++unit) {
+    std::vector<double> Z(Tk);
+    const index_t bb = unit / s.H_kv, hk = unit % s.H_kv;
+    for (index_t h = hk * group; h < (hk + 1) * group; ++h) {
       for (index_t t = 0; t < s.Tq; ++t) {
         const KeyRange kr = visible_range(s, opt, bb, t);
         const index_t m = kr.count();
@@ -263,7 +270,7 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
           Z[static_cast<std::size_t>(j)] = eps * std::abs(p * (dp[static_cast<std::size_t>(j)] - Dt + dl)) + (1.0 + eps) * p * dD;
         }
         if (has_null && (opt.null_logits.empty() || std::isfinite(opt.null_logits[static_cast<std::size_t>(h)])))
-          b.null_logits[h] += kSecondOrder * (eps * std::abs(pn * (dpn - Dt + dl)) + (1.0 + eps) * pn * dD);
+          Bn(bb, h) += kSecondOrder * (eps * std::abs(pn * (dpn - Dt + dl)) + (1.0 + eps) * pn * dD);
         for (index_t c = 0; c < s.d_h; ++c) {
           double S = 0;
           for (index_t j = 0; j < m; ++j) S += Z[static_cast<std::size_t>(j)] * std::abs(D(k(bb, hk, kr.begin + j, c)));
@@ -282,6 +289,9 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
         }
       }
     }
+  }
+  for (index_t h = 0; h < b.null_logits.size(); ++h)
+    for (index_t bb = 0; bb < s.B; ++bb) b.null_logits[h] += Bn(bb, h);
   return b;
 }
 

@@ -141,9 +141,15 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
   const index_t group = s.H / s.H_kv;
   AttentionBounds b{Tensor<double>({s.B, s.H, s.Tq, s.d_v}), Tensor<double>({s.B, s.H, s.Tq}),
                     Tensor<double>({s.B, s.H, s.Tq}), Tensor<double>({s.B, s.H, s.Tq, s.Tk})};
-  std::vector<double> z(static_cast<std::size_t>(s.Tk)), zerr(z.size()), p(z.size());
-  for (index_t bb = 0; bb < s.B; ++bb)
-    for (index_t h = 0; h < s.H; ++h) {
+  // rows are independent: (batch, head) pairs in parallel (nothing below throws: the normaliser
+  // row_bound would refuse is refused here first)
+  OASIS_REQUIRE(opt.normalizer == RowNorm::softmax || opt.normalizer == RowNorm::softmax1, "normalizer",
+                "no derived error bound for ", to_string(opt.normalizer), " (bounds cover softmax and softmax1)");
+#pragma omp parallel for schedule(dynamic)
+  for (index_t unit = 0; unit < s.B * s.H; ++unit) {
+    std::vector<double> z(static_cast<std::size_t>(s.Tk)), zerr(z.size()), p(z.size());
+    {
+      const index_t bb = unit / s.H, h = unit % s.H;
       const index_t hk = h / group;
       const double sl = opt.null_logits.empty() ? 0.0 : opt.null_logits[static_cast<std::size_t>(h)];
       const double s_err = u * std::abs(sl);  // conversion of the double null logit to T
@@ -183,6 +189,7 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
         }
       }
     }
+  }
   return b;
 }
 

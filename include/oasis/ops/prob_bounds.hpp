@@ -116,7 +116,7 @@ inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, doub
   const double fA = f * A, a2 = A * A;
   const double spread = std::max(0.0, Y2 - 2.0 * a2 + a2 * sp);  // sum_j p_j (v_j - A)^2
   const double fV1 = f * V1;
-  const double R2 = (X2 - 2.0 * A * X1 + fA * (A * sw)) + p_null * p_null * r.kappa2_null * fA * fA +
+  const double R2 = (X2 - 2.0 * A * X1 + A * (A * sw)) + p_null * p_null * r.kappa2_null * fA * fA +
                     (3.0 * static_cast<double>(r.terms) + 4.0) * fA * fA + 3.0 * static_cast<double>(r.keys) * fV1 * fV1 +
                     r.sigma * r.sigma * (f * sp) * (f * spread);
   return std::sqrt(std::max(R2, 0.0)) / f;
@@ -126,7 +126,7 @@ inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, doub
 /// most `pmax` (1 unless their squares could leave the normal range).
 inline double prob_mix_scale(double pmax) {
   if (!(pmax > 0.0) || pmax >= 0x1p-400) return 1.0;
-  return std::ldexp(1.0, -std::ilogb(pmax));
+  return std::ldexp(1.0, std::min(1022, -std::ilogb(pmax)));  // f finite; (f p)^2 >= 2^-104
 }
 
 /// R(A) of one mixture element of a row: v[j * stride] for the m terms of the row, A exact.

@@ -33,6 +33,24 @@ struct AttentionBackwardBounds {
   Tensor<double> q, k, v, null_logits, bias, scores;
 };
 
+/// A backward bound of a bthd call through its bhtd form: f(q, k, v, d, opt, ref) on [B, H, T, d]
+/// views (ref.out swapped with them), the gradients' bounds swapped back.
+template <class T, class R, class F>
+AttentionBackwardBounds backward_bounds_bhtd(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                             const AttentionCotangents<T>& d, const AttentionOptions& opt,
+                                             const AttentionResult<R>& ref, F f) {
+  AttentionOptions o = opt;
+  o.layout = AttentionLayout::bhtd;
+  AttentionResult<R> rr = ref;
+  rr.out = swap_head_time(ref.out);
+  AttentionBackwardBounds b = f(swap_head_time(q), swap_head_time(k), swap_head_time(v),
+                                AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr);
+  b.q = swap_head_time(b.q);
+  b.k = swap_head_time(b.k);
+  b.v = swap_head_time(b.v);
+  return b;
+}
+
 /// Bound on |token_attention_backward<T>(q, k, v, d, opt) - exact| per element. `ref` is the
 /// high-precision forward on the same inputs, computed with return_probs = true. `flush`: a kernel
 /// that may flush subnormal results to zero (Precision::flushing): each probability, product and
@@ -44,19 +62,8 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
-  if (opt.layout == AttentionLayout::bthd) {  // bounds on [B, H, T, d] views, swapped back
-    AttentionOptions o = opt;
-    o.layout = AttentionLayout::bhtd;
-    AttentionResult<R> rr = ref;
-    rr.out = swap_head_time(ref.out);
-    AttentionBackwardBounds b = attention_backward_bounds(
-        swap_head_time(q), swap_head_time(k), swap_head_time(v),
-        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, flush);
-    b.q = swap_head_time(b.q);
-    b.k = swap_head_time(b.k);
-    b.v = swap_head_time(b.v);
-    return b;
-  }
+  if (opt.layout == AttentionLayout::bthd)
+    return backward_bounds_bhtd(q, k, v, d, opt, ref, [flush](const auto&... a) { return attention_backward_bounds(a..., flush); });
   const AttentionBounds fw = attention_bounds(q, k, v, opt, ref);
   const Precision pr = flush ? Precision::flushing<T>() : Precision::of<T>();
   const double fz = pr.flush;
@@ -210,19 +217,10 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
   check_attention_cotangents(s, opt, d);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
   if (opt.layout == AttentionLayout::bthd) {
-    AttentionOptions o = opt;
-    o.layout = AttentionLayout::bhtd;
-    AttentionResult<R> rr = ref;
-    rr.out = swap_head_time(ref.out);
     Tensor<double> ob;
     StoredForward sb = sf;
     if (sf.out) sb.out = &(ob = swap_head_time(*sf.out));
-    AttentionBackwardBounds b = stored_forward_bounds(swap_head_time(q), swap_head_time(k), swap_head_time(v),
-                                                      AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, sb);
-    b.q = swap_head_time(b.q);
-    b.k = swap_head_time(b.k);
-    b.v = swap_head_time(b.v);
-    return b;
+    return backward_bounds_bhtd(q, k, v, d, opt, ref, [&sb](const auto&... a) { return stored_forward_bounds(a..., sb); });
   }
   const double u = Precision::of<T>().u;
   const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.d_h));

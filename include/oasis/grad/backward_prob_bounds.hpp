@@ -55,19 +55,10 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
-  if (opt.layout == AttentionLayout::bthd) {
-    AttentionOptions o = opt;
-    o.layout = AttentionLayout::bhtd;
-    AttentionResult<R> rr = ref;
-    rr.out = swap_head_time(ref.out);
-    AttentionBackwardBounds b = prob_attention_backward_bounds(
-        swap_head_time(q), swap_head_time(k), swap_head_time(v),
-        AttentionCotangents<T>{swap_head_time(d.out), d.lse, d.p_null}, o, rr, lambda, u16);
-    b.q = swap_head_time(b.q);
-    b.k = swap_head_time(b.k);
-    b.v = swap_head_time(b.v);
-    return b;
-  }
+  if (opt.layout == AttentionLayout::bthd)
+    return backward_bounds_bhtd(q, k, v, d, opt, ref, [lambda, u16](const auto&... a) {
+      return prob_attention_backward_bounds(a..., lambda, u16);
+    });
   const Precision pr = Precision::flushing<T>();
   const double u = pr.u, fz = pr.flush, K = kSecondOrder * lambda * u;
   const double r16 = (u16 / u) * (u16 / u);  // P and dS rounded to a 16-bit input type before the GEMMs

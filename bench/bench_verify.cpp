@@ -31,6 +31,7 @@
 
 #include "bench_support.hpp"
 #include "oasis/backends/backend.hpp"
+#include "oasis/grad/grad.hpp"
 #include "oasis/model/io.hpp"
 #include "oasis/model/model.hpp"
 #include "oasis/oasis.hpp"
@@ -255,6 +256,60 @@ static void BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks(benchmark:
   state.SetLabel(std::string(verify::to_string(co.policy)));
 }
 
+/// The depth backward's check by policy (0: worst_case, 1: the default probabilistic policy), both
+/// with the fast double oracle, beside the float reference backward (attn_res_route_backward<float>)
+/// in the same run: 9 candidates, 256 tokens, d = 4096, the weights' cotangents given.
+static void BM_VerifyPolicy_depth_backward_9x256x4096(benchmark::State& state) {
+  const index_t n = 9, N = 256, d = 4096;
+  static std::vector<SourceKind> kinds;
+  static DepthOptions o;
+  static Tensor<float> s, g, psi, dh, da, dan;
+  static io::TensorMap in, out;
+  if (in.empty()) {
+    auto rng = test::make_rng(4343);
+    kinds.assign(static_cast<std::size_t>(n), SourceKind::attention);
+    kinds[0] = SourceKind::initial;
+    o.theta = 0.5;
+    s = test::randn<float>({n, N, d}, rng);
+    g = test::randn<float>({n, N}, rng);
+    psi = test::uniform<float>({n, N}, rng, 0.0, 1.0);
+    dh = test::randn<float>({N, d}, rng);
+    da = test::randn<float>({n, N}, rng, 64.0);
+    dan = test::randn<float>({N}, rng, 64.0);
+    const DepthGrads<float> r = attn_res_route_backward(s, g, psi, kinds, o, DepthCotangents<float>{dh, da, dan});
+    in.emplace("sources", stored(s));
+    in.emplace("g_old", stored(g));
+    in.emplace("psi", stored(psi));
+    in.emplace("grad_h", stored(dh));
+    in.emplace("grad_alpha", stored(da));
+    in.emplace("grad_alpha_null", stored(dan));
+    out.emplace("grad_sources", stored(r.sources));
+    out.emplace("grad_g_old", stored(r.g_old));
+    out.emplace("grad_psi", stored(r.psi));
+    out.emplace("grad_beta", stored(Tensor<float>({1}, {r.beta})));
+    out.emplace("grad_theta", stored(Tensor<float>({1}, {r.theta})));
+  }
+  verify::CompareOptions co;
+  co.policy = state.range(0) == 0 ? verify::Policy::worst_case : verify::Policy::probabilistic;
+  const io::json::Value opts = io::json::parse(R"({"theta": 0.5, "kinds": ["initial", "attention", "attention", )"
+                                               R"("attention", "attention", "attention", "attention", "attention", "attention"]})");
+  verify::CompareReport rep;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rep = verify::check("depth_backward", in, out, opts, co);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!rep.passed) abort_run("depth_backward check did not pass:\n" + verify::format_report(rep));
+  const auto t0 = std::chrono::steady_clock::now();
+  benchmark::DoNotOptimize(attn_res_route_backward(s, g, psi, kinds, o, DepthCotangents<float>{dh, da, dan}));
+  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["check_s"] = seconds;
+  state.counters["kernel_s"] = kernel_s;
+  state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
+  state.SetLabel(std::string(verify::to_string(co.policy)) + ", " + rep.oracle);
+}
+
 static void BM_Verify_attention_causal_32x4096x128(benchmark::State& state) {
   static std::unique_ptr<Problem> p = attention_problem(32, 32, 4096, 128, false);
   verify_bench(state, *p);
@@ -365,6 +420,7 @@ BENCHMARK(BM_VerifyAnswers_attention_causal_32x4096x128)->DenseRange(0, 2)->Iter
 BENCHMARK(BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyPolicy_depth_backward_9x256x4096)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();

@@ -49,8 +49,12 @@ CompareReport run(const OpCall& c) {
   bounds::StoredForward sf;
   sf.out = sout ? &sout->values : nullptr;
   sf.lse = slse ? &lse1 : nullptr;
+  double n16 = 0;  // the smallest normal number of a 16-bit input type (P and dS rounded to it)
   for (const StoredTensor* x : {&q, &dout})
-    if (is16(x->dtype)) sf.out_u = std::max(sf.out_u, unit_roundoff(x->dtype));
+    if (is16(x->dtype)) {
+      sf.out_u = std::max(sf.out_u, unit_roundoff(x->dtype));
+      n16 = std::max(n16, std::ldexp(1.0, io::dtype_min_exponent(x->dtype)));
+    }
   const bool stored = sf.out || sf.lse || sf.out_u > 0;  // else the stored forward adds nothing
   // The policy's bounds: the reference backward's bound in float (f16/bf16/f32 outputs) or double
   // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double),
@@ -65,11 +69,11 @@ CompareReport run(const OpCall& c) {
                       {"grad_bias", b.bias}};
     };
     return PlainBounds(
-        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob](bool wide) {
+        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob, n16](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
             return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda,
-                                                                     sf.out_u)
+                                                                     sf.out_u, n16)
                             : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
           if (!wide || !prob) return wide ? run(double{}) : run(float{});

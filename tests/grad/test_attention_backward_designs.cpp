@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "attention_grad_support.hpp"
 #include "fa2_backward.hpp"
@@ -90,15 +92,19 @@ struct Shape3 {
   bool causal;
 };
 const Shape3 kShapes[] = {{"T128_causal", 128, 128, true}, {"T512_causal", 512, 512, true}, {"decode_T512", 1, 512, false}};
+/// The ends of the range: one key, and decoding over 4096 keys.
+const Shape3 kEnds[] = {{"T1", 1, 1, true}, {"decode_T4096", 1, 4096, false}};
 
 }  // namespace
 
 // The design that once got a false FAIL-certain on grad_null_logits in 11 of 24 runs: it passes in
 // bf16, f16 and f32, with the stored O and LSE given and without them (then the bound admits O
-// stored in a 16-bit input type).
+// stored in a 16-bit input type), from one key to decoding over 4096.
 TEST(AttentionBackwardDesigns, FlashAttention2Passes) {
+  std::vector<Shape3> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.insert(shapes.end(), std::begin(kEnds), std::end(kEnds));
   for (DType d : {DType::bf16, DType::f16, DType::f32})
-    for (const Shape3& sh : kShapes)
+    for (const Shape3& sh : shapes)
       for (int i = 0; i < 3; ++i) {
         Case c{sh.name, 1, 2, 1, sh.Tq, sh.Tk, 64, 64};
         c.causal = sh.causal;

@@ -310,6 +310,38 @@ TEST(GradOps, PseudoQueryAndPsiBackwardFastOracleAgreesWithMp50) {
   }
 }
 
+// psi_backward's mass estimator (dp_j = -dpsi / H where 1 - sum_j p_j >= 0): the fast oracle gives
+// mp50's verdicts and counts, with and without a row whose mass is exactly 1 (the clamp's kink:
+// its gradient passes; the double reference's own bound there admits both sides, as the element's
+// allowance does).
+TEST(GradOps, PsiMassBackwardFastOracleAgreesWithMp50) {
+  auto rng = oasis::test::make_rng(1705);
+  const index_t B = 2, H = 3, T = 8, Tk = 4;
+  Tensor<double> probs = oasis::test::uniform<float>({B, H, T, Tk}, rng, 0.0, 0.45).cast<double>();
+  const Tensor<double> dpsi = oasis::test::randn<float>({B, T}, rng).cast<double>();
+  verify::CompareOptions fast, mp;
+  mp.oracle = verify::Oracle::mp50;
+  const auto opts = io::json::parse("{\"estimator\": \"mass\"}");
+  for (int kink = 0; kink < 2; ++kink) {
+    if (kink)
+      for (index_t j = 0; j < Tk; ++j) probs(1, 2, 5, j) = 0.25;  // mass exactly 1
+    const Tensor<double> g = null_statistic_from_mass_backward(probs.cast<float>(), dpsi.cast<float>()).cast<double>();
+    for (int moved = 0; moved < 2; ++moved) {
+      SCOPED_TRACE(std::string(kink ? "kink" : "no kink") + (moved ? " moved" : ""));
+      io::TensorMap out = as_map({{"grad_probs", g}});
+      if (moved) out.at("grad_probs").values[9] *= 1.001;
+      const io::TensorMap in = as_map({{"probs", probs}, {"grad_psi", dpsi}});
+      const verify::CompareReport a = verify::check("psi_backward", in, out, opts, fast);
+      const verify::CompareReport b = verify::check("psi_backward", in, out, opts, mp);
+      if (!kink) EXPECT_EQ(a.oracle, "fast (double, its own error bound folded in)");
+      EXPECT_EQ(a.passed, !moved) << verify::format_report(a);
+      EXPECT_EQ(a.passed, b.passed);
+      ASSERT_EQ(a.tensors.size(), b.tensors.size());
+      EXPECT_EQ(a.tensors[0].violations, b.tensors[0].violations);
+    }
+  }
+}
+
 // pseudo_query_backward's probabilistic bound (the default policy for f32 gradients) at a real
 // size (9 sources, 64 tokens, d = 1024): the library's float backward passes, with and without
 // compute_in_float32 on double inputs; a norm backward whose projection term takes the mean over

@@ -22,7 +22,6 @@
 
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/grad/attention_backward.hpp"
-#include "oasis/grad/depth_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"
 
 namespace oasis::bounds {
@@ -290,127 +289,6 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
   }
   for (index_t h = 0; h < b.null_logits.size(); ++h)
     for (index_t bb = 0; bb < s.B; ++bb) b.null_logits[h] += Bn(bb, h);
-  return b;
-}
-
-/// Bounds of attn_res_route_backward's results.
-struct DepthBackwardBounds {
-  Tensor<double> sources, g_old, psi;  ///< shapes as DepthGrads
-  double beta = 0, theta = 0;
-};
-
-/// Bound on |attn_res_route_backward<T>(...) - exact| per element; `ref` is the high-precision
-/// forward (attn_res_route) on the same inputs. `g_old_err` as in depth_route_bounds.
-template <class T, class R>
-DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
-                                                const std::vector<SourceKind>& kinds, const DepthOptions& opt,
-                                                const DepthCotangents<T>& d, const DepthRoute<R>& ref,
-                                                const Tensor<double>* g_old_err = nullptr) {
-  const RouteShape rs = check_route_shapes(sources, g_old, psi, kinds);
-  check_depth_cotangents(rs, d);
-  const index_t n = rs.n, N = rs.N, dim = rs.d;
-  const DepthRouteBounds fw = depth_route_bounds(sources, psi, kinds, opt, ref, g_old_err);
-  const Precision pr = Precision::of<T>();
-  const double u = pr.u;
-  const CouplingOptions& co = opt.coupling_options;
-  const BetaBound bb = beta_bound(opt, u);
-  const R beta_exact = opt.coupling ? depth_beta<R>(opt) : R(0);
-  const double L = co.score_clamp;
-  auto D = [](const auto& x) { return static_cast<double>(x); };
-  auto ev = [&](index_t i) { return has_null_evidence(kinds[static_cast<std::size_t>(i)], co.headless); };
-  index_t count = 0;
-  for (index_t i = 0; i < n; ++i) count += ev(i) ? 1 : 0;
-  const bool paper = co.centring == Centring::paper_v2;
-  const bool centred = paper ? count >= 2 : true;
-  const double c_set = paper ? static_cast<double>(count) : static_cast<double>(n);
-
-  DepthBackwardBounds b{Tensor<double>({n, N, dim}), Tensor<double>({n, N}), Tensor<double>({n, N})};
-  double S_beta = 0, A_beta = 0, dbeta = 0;
-  std::vector<double> da(static_cast<std::size_t>(n)), E(da.size()), X(da.size()), dx(da.size()), dD(da.size()),
-      DD(da.size());
-  for (index_t t = 0; t < N; ++t) {
-    const double an = D(ref.alpha_null[t]), An = fw.alpha_null[t];
-    const double dan = d.alpha_null.empty() ? 0.0 : D(d.alpha_null[t]);
-    double Dt = an * dan, absD = an * std::abs(dan), ED = An * std::abs(dan);
-    for (index_t i = 0; i < n; ++i) {
-      const std::size_t ii = static_cast<std::size_t>(i);
-      double x = 0, ax = 0;
-      for (index_t c = 0; c < dim; ++c) {
-        const double y = D(d.h(t, c)) * D(sources(i, t, c));
-        x += y;
-        ax += std::abs(y);
-      }
-      const double extra = d.alpha.empty() ? 0.0 : D(d.alpha(i, t));
-      da[ii] = x + extra;
-      E[ii] = static_cast<double>(dim) * u * ax + (d.alpha.empty() ? 0.0 : u * std::abs(da[ii]));
-      const double a = D(ref.alpha(i, t));
-      Dt += a * da[ii];
-      absD += a * std::abs(da[ii]);
-      ED += fw.alpha(i, t) * std::abs(da[ii]) + a * E[ii];
-    }
-    ED += static_cast<double>(n + 1) * u * absD;
-    for (index_t i = 0; i < n; ++i) {
-      const std::size_t ii = static_cast<std::size_t>(i);
-      const double a = D(ref.alpha(i, t)), A = fw.alpha(i, t);
-      const double w = da[ii] - Dt;
-      const double dg = a * w;
-      const double G = A * std::abs(w) + a * (E[ii] + ED + 3.0 * u * std::abs(w));
-      for (index_t c = 0; c < dim; ++c) {
-        const double hc = std::abs(D(d.h(t, c)));
-        b.sources(i, t, c) = kSecondOrder * (A * hc + u * a * hc) + pr.p_floor;
-      }
-      if (!opt.coupling) {
-        dx[ii] = dg;
-        X[ii] = G;
-        b.g_old(i, t) = kSecondOrder * G + pr.p_floor;
-        continue;
-      }
-      // the clamp of the coupled logit x = g_old - beta Dpsi, decided in T on a rounded x
-      const double xi = D(R(g_old(i, t)) - beta_exact * ref.dpsi(i, t));
-      const bool pass = clamp_passes(xi, -L, L);
-      const bool ambiguous = std::isfinite(L) && std::abs(std::abs(xi) - L) <= fw.g(i, t);
-      dx[ii] = pass ? dg : 0.0;
-      X[ii] = ambiguous ? G + std::abs(dg) : (pass ? G : 0.0);
-      b.g_old(i, t) = kSecondOrder * X[ii] + pr.p_floor;
-      const double dpsi_c = D(ref.dpsi(i, t));  // Dpsi
-      S_beta += X[ii] * std::abs(dpsi_c) + std::abs(dx[ii]) * fw.dpsi(i, t);
-      A_beta += std::abs(dx[ii] * dpsi_c);
-      dbeta -= dx[ii] * dpsi_c;
-      dD[ii] = -bb.beta * dx[ii];                                                    // dL/dDpsi
-      DD[ii] = bb.err * std::abs(dx[ii]) + bb.beta * X[ii] + u * std::abs(dD[ii]);  // its bound
-    }
-    if (!opt.coupling || !centred) continue;  // psi gets exactly 0
-    double mean = 0, mean_abs = 0, mean_err = 0;
-    for (index_t i = 0; i < n; ++i)
-      if (!paper || ev(i)) {
-        mean += dD[static_cast<std::size_t>(i)];
-        mean_abs += std::abs(dD[static_cast<std::size_t>(i)]);
-        mean_err += DD[static_cast<std::size_t>(i)];
-      }
-    mean /= c_set;
-    mean_abs /= c_set;
-    mean_err = mean_err / c_set + c_set * u * mean_abs;  // c - 1 additions and one division
-    for (index_t i = 0; i < n; ++i)
-      if (ev(i)) {
-        const double g = dD[static_cast<std::size_t>(i)] - mean;
-        b.psi(i, t) = kSecondOrder * (DD[static_cast<std::size_t>(i)] + mean_err + u * std::abs(g)) + pr.p_floor;
-      }
-  }
-  if (opt.coupling) {
-    // dbeta: n N products and additions; the cap decided on beta_raw in T
-    const double Sdb = S_beta + static_cast<double>(n * N) * u * A_beta;
-    const bool pass = clamp_passes(bb.raw, -std::numeric_limits<double>::infinity(), co.beta_max);
-    const bool ambiguous = std::isfinite(co.beta_max) && std::abs(bb.raw - co.beta_max) <= bb.raw_err;
-    const double draw = pass ? dbeta : 0.0;
-    const double Braw = ambiguous ? Sdb + std::abs(dbeta) : (pass ? Sdb : 0.0);
-    b.beta = kSecondOrder * Braw + pr.p_floor;
-    if (!opt.beta) {  // dtheta = dbeta_raw sigmoid(theta): sigmoid in T (exp, add, divide: 4u; theta rounded)
-      const double sig = 1.0 / (1.0 + std::exp(-opt.theta));
-      b.theta = kSecondOrder * (Braw * sig + std::abs(draw) * sig * (4.0 * u + u * std::abs(opt.theta) * (1.0 - sig)) +
-                                u * std::abs(draw * sig)) +
-                pr.p_floor;
-    }
-  }
   return b;
 }
 

@@ -17,7 +17,7 @@
 //                      (+ sum_j (p_j kappa_j dP)^2 + (m + 1) ((1 - p_null) dP)^2: dP through the
 //                      probabilities, backward_bounds.hpp); shared: D eps_L
 //   dz_j   own R^2 = (w_j p_j kappa_j)^2 + (p_j R(dp_j))^2 + (p_j (dp_j - D))^2 + (p_j w_j)^2
-//                    + dz_j^2 (1 + r16) + (p_j (|dp_j| + |dP|))^2     (r16 = (u16/u)^2: dS rounded to a
+//                    + dz_j^2 + r16 max(|dz_j|, n16)^2 + (p_j (|dp_j| + |dP|))^2     (r16 = (u16/u)^2: dS rounded to a
 //                    16-bit input type before the dq, dk GEMMs, as FlashAttention-2 does)
 //          coherent in the row: -p_j delta_D (R_D) and p_j (|w_j - D| + |dP|) eps_L (R_L; the |dP|:
 //          dP through the probabilities)
@@ -26,8 +26,10 @@
 //            dp_j reaches dq through dz_j and through D: (a + b)^2 <= 2 a^2 + 2 b^2)
 //   dk_jc, dbias: the same terms summed over the rows that see key j (independent rows), with
 //            q_tc for k_jc (1 for the bias) and (n + 1) (sum |dz q|)^2 for the sums over n rows
-//   dv_jc  = sum_t p_tj dO_tc:  sum_t (dO_tc p_tj)^2 (kappa_tj^2 + R_L,t^2 + 1 + r16) + (n + 1) (sum_t |p_tj dO_tc|)^2
-//            (r16: P rounded to the 16-bit input type before the dv GEMM)
+//   dv_jc  = sum_t p_tj dO_tc:  sum_t (dO_tc p_tj)^2 (kappa_tj^2 + R_L,t^2 + 1) + r16 (dO_tc max(p_tj, n16))^2
+//            + (n + 1) (sum_t |p_tj dO_tc|)^2 (r16: P rounded to the 16-bit input type before the dv GEMM;
+//            n16 its smallest normal: below it the rounding is absolute, at most u16 n16 — f16's
+//            subnormals start at 6.1e-5, where the probabilities of a row over 4096 keys lie)
 //   ds_h   = sum_t p_null (dP - D + dLSE): the null's own events, its R_D and R_L terms per row,
 //            (cnt + 1) (sum |ds_t|)^2 for the sum over the rows
 // (partial sums of a recursive or blocked sum are bounded by the sum of magnitudes, as the worst case
@@ -48,16 +50,18 @@ namespace oasis::bounds {
 
 /// The probabilistic bound (1.02 lambda u R + floors) of every gradient of token_attention_backward<T>
 /// (shapes as AttentionBackwardBounds; scores left empty). `ref` is the exact forward with probs.
+/// `u16`, `n16`: P and dS rounded to a 16-bit input type of that unit roundoff and smallest normal.
 template <class T, class R>
 AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                                        const AttentionCotangents<T>& d, const AttentionOptions& opt,
-                                                       const AttentionResult<R>& ref, double lambda, double u16 = 0) {
+                                                       const AttentionResult<R>& ref, double lambda, double u16 = 0,
+                                                       double n16 = 0) {
   const AttentionShape s = check_attention_args(q, k, v, opt);
   check_attention_cotangents(s, opt, d);
   OASIS_REQUIRE(!ref.probs.empty(), "ref", "the reference must be computed with return_probs = true");
   if (opt.layout == AttentionLayout::bthd)
-    return backward_bounds_bhtd(q, k, v, d, opt, ref, [lambda, u16](const auto&... a) {
-      return prob_attention_backward_bounds(a..., lambda, u16);
+    return backward_bounds_bhtd(q, k, v, d, opt, ref, [lambda, u16, n16](const auto&... a) {
+      return prob_attention_backward_bounds(a..., lambda, u16, n16);
     });
   const Precision pr = Precision::flushing<T>();
   const double u = pr.u, fz = pr.flush, K = kSecondOrder * lambda * u;
@@ -145,7 +149,7 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
           // the LSE's coefficient on dz_j: p_j (w_j - D), and p_j dP more when dP comes through the probabilities
           a[jj] = p[jj] * (std::abs(w[jj] - Dt) + std::abs(dpn));
           own2[jj] = sq(w[jj] * p[jj]) * kap2[jj] + sq(p[jj] * Rdp[jj]) + sq(p[jj] * (dp[jj] - Dt)) + sq(p[jj] * w[jj]) +
-                     sq(dz[jj]) * (1.0 + r16) + sq(p[jj] * (std::abs(dp[jj]) + std::abs(dpn)));
+                     sq(dz[jj]) + r16 * sq(std::max(std::abs(dz[jj]), n16)) + sq(p[jj] * (std::abs(dp[jj]) + std::abs(dpn)));
         }
         if (null_grad) {
           const double wn = dpn - Dt + dl, ds = pn * wn;
@@ -186,7 +190,7 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
           }
           for (index_t c = 0; c < s.d_v; ++c) {
             const double oc = D_(d.out(bb, h, t, c));
-            R2v(bb, hk, key, c) += sq(oc * p[jj]) * (kap2[jj] + sq(RL) + 1.0 + r16);
+            R2v(bb, hk, key, c) += sq(oc * p[jj]) * (kap2[jj] + sq(RL) + 1.0) + r16 * sq(oc * std::max(p[jj], n16));
             Av(bb, hk, key, c) += std::abs(p[jj] * oc);
             Fv(bb, hk, key, c) += fz * (std::abs(oc) + 1.0);
           }

@@ -7,6 +7,7 @@
 //   pseudo_query_backward.hpp Kimi pseudo-query logits: w, gain, sources (keys)
 //   router_backward.hpp       the model's routers (Kimi, authors'): logits + routing, sources in total
 //   backward_bounds.hpp       derived error bounds of the backward in T against high precision
+//   depth_backward_bounds.hpp depth routing's bounds: the worst-case line and the probabilistic one
 //   router_backward_bounds.hpp the routers' bounds, composed from the steps' bounds
 //   instances.hpp             the compiled instances (float, double, long double, mp50, mpfr50)
 #pragma once
@@ -15,6 +16,7 @@
 #include "oasis/grad/backward_bounds.hpp"
 #include "oasis/grad/coupling_backward.hpp"
 #include "oasis/grad/depth_backward.hpp"
+#include "oasis/grad/depth_backward_bounds.hpp"
 #include "oasis/grad/instances.hpp"
 #include "oasis/grad/normalizer_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"

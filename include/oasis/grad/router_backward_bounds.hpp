@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "oasis/grad/backward_bounds.hpp"
+#include "oasis/grad/depth_backward_bounds.hpp"
 #include "oasis/grad/router_backward.hpp"
 
 namespace oasis::bounds {

@@ -82,14 +82,13 @@ AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>& q, cons
     }
   }
   if (!opt.bias.empty()) {  // dz summed over the broadcast axes, in the reference's (b, h) order
-    const Tensor<double>& bi = opt.bias;
+    const Tensor<double>& bi = opt.bias;  // the gradient of the bias takes its (broadcast) shape
     r.bias = Tensor<float>(bi.shape());
     for (index_t b = 0; b < s.B; ++b)
       for (index_t h = 0; h < s.H; ++h)
         for (index_t t = 0; t < s.Tq; ++t)
           for (index_t j = 0; j < s.Tk; ++j) {
-            float& gb = bi.rank() == 2 ? r.bias(t, j) : r.bias(bi.dim(0) == 1 ? 0 : b, bi.dim(1) == 1 ? 0 : h, t, j);
-            gb += dz_host(b, h, t, j);
+            r.bias[attention_bias_offset(opt, b, h, t, j)] += dz_host(b, h, t, j);
           }
   }
   if (opt.return_probs) r.scores = std::move(dz_host);

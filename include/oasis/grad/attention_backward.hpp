@@ -134,12 +134,7 @@ AttentionGrads<T> token_attention_backward(const Tensor<T>& q, const Tensor<T>& 
           for (index_t c = 0; c < s.d_v; ++c) gv[c] += pj * dot_[c];
         }
         if (!g.bias.empty()) {
-          const Tensor<double>& bi = opt.bias;
-          for (index_t j = 0; j < m; ++j) {
-            const index_t key = kr.begin + j;
-            T& gb = bi.rank() == 2 ? g.bias(t, key) : g.bias(bi.dim(0) == 1 ? 0 : b, bi.dim(1) == 1 ? 0 : h, t, key);
-            gb += dz[static_cast<std::size_t>(j)];
-          }
+          for (index_t j = 0; j < m; ++j) g.bias[attention_bias_offset(opt, b, h, t, kr.begin + j)] += dz[static_cast<std::size_t>(j)];
         }
         if (opt.return_probs)
           for (index_t j = 0; j < m; ++j) g.scores(b, h, t, kr.begin + j) = dz[static_cast<std::size_t>(j)];

@@ -161,9 +161,7 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
             Av(bb, hk, key, c) += p[jj] * oc;
           }
           if (!opt.bias.empty()) {
-            const Tensor<double>& bi = opt.bias;
-            const index_t off = bi.rank() == 2 ? bi.offset(t, key)
-                                               : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key);
+            const index_t off = attention_bias_offset(opt, bb, h, t, key);
             Sb[off] += Z[jj] + fz;
             Ab[off] += std::abs(dz[jj]);
             cnt_b[off] += 1;
@@ -278,11 +276,7 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
           const double zj = Z[static_cast<std::size_t>(j)], p = D(ref.probs(bb, h, t, key));
           for (index_t c = 0; c < s.d_h; ++c) b.k(bb, hk, key, c) += kSecondOrder * scale * zj * std::abs(D(q(bb, h, t, c)));
           for (index_t c = 0; c < s.d_v; ++c) b.v(bb, hk, key, c) += kSecondOrder * eps * p * std::abs(D(d.out(bb, h, t, c)));
-          if (!opt.bias.empty()) {
-            const Tensor<double>& bi = opt.bias;
-            b.bias[bi.rank() == 2 ? bi.offset(t, key) : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key)] +=
-                kSecondOrder * zj;
-          }
+          if (!opt.bias.empty()) b.bias[attention_bias_offset(opt, bb, h, t, key)] += kSecondOrder * zj;
         }
       }
     }

@@ -195,8 +195,7 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
             Fv(bb, hk, key, c) += fz * (std::abs(oc) + 1.0);
           }
           if (!opt.bias.empty()) {
-            const Tensor<double>& bi = opt.bias;
-            const index_t off = bi.rank() == 2 ? bi.offset(t, key) : bi.offset(bi.dim(0) == 1 ? 0 : bb, bi.dim(1) == 1 ? 0 : h, t, key);
+            const index_t off = attention_bias_offset(opt, bb, h, t, key);
             R2b[off] += 2.0 * own2[jj] + 2.0 * sq(p[jj]) * RD2 + sq(a[jj] * RL);
             Ab[off] += std::abs(dz[jj]);
             Fb[off] += fz * (std::abs(w[jj]) + 3.0);

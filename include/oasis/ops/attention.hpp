@@ -203,12 +203,16 @@ inline void require_basic_masking(const AttentionOptions& opt, const char* what)
   OASIS_REQUIRE(opt.layout == AttentionLayout::bhtd, "layout", what, " takes the bhtd layout only");
 }
 
+/// The flat index in opt.bias ([Tq, Tk], or [B or 1, H or 1, Tq, Tk] broadcast) of (b, h, t, j);
+/// opt.bias must not be empty.
+inline index_t attention_bias_offset(const AttentionOptions& opt, index_t b, index_t h, index_t t, index_t j) {
+  const Tensor<double>& bi = opt.bias;
+  return bi.rank() == 2 ? bi.offset(t, j) : bi.offset(bi.dim(0) == 1 ? 0 : b, bi.dim(1) == 1 ? 0 : h, t, j);
+}
+
 /// The bias of (b, h, t, j) (0 without a bias).
 inline double attention_bias(const AttentionOptions& opt, index_t b, index_t h, index_t t, index_t j) {
-  const Tensor<double>& bi = opt.bias;
-  if (bi.empty()) return 0.0;
-  if (bi.rank() == 2) return bi(t, j);
-  return bi(bi.dim(0) == 1 ? 0 : b, bi.dim(1) == 1 ? 0 : h, t, j);
+  return opt.bias.empty() ? 0.0 : opt.bias[attention_bias_offset(opt, b, h, t, j)];
 }
 
 /// [B, T, H, d] <-> [B, H, T, d] (the same permutation swaps back).

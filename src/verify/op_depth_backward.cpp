@@ -13,7 +13,16 @@ namespace oasis::verify::detail {
 namespace {
 
 CompareReport run(const OpCall& c) {
-  const TensorMap &in = c.inputs, &out = c.outputs;
+  const StoredTensor& g_old = need(c.inputs, "g_old", "depth_backward");
+  require_rank(g_old.values, 2, "g_old", "[n, N]");
+  return depth_backward_report(c.inputs, c.outputs, parse_depth_options(c.options, true),
+                               parse_kinds(c.options, g_old.values.dim(0)), c.compare);
+}
+
+}  // namespace
+
+CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, const DepthOptions& d,
+                                    const std::vector<SourceKind>& kinds, const CompareOptions& copt) {
   const std::string op = "depth_backward";
   const StoredTensor &sources = need(in, "sources", op), &g_old = need(in, "g_old", op), &dh = need(in, "grad_h", op);
   require_rank(g_old.values, 2, "g_old", "[n, N]");
@@ -21,11 +30,9 @@ CompareReport run(const OpCall& c) {
   const StoredTensor *da = maybe(in, "grad_alpha"), *dan = maybe(in, "grad_alpha_null");
   if (da) (void)need(in, "grad_alpha", op);
   if (dan) (void)need(in, "grad_alpha_null", op);
-  const DepthOptions d = parse_depth_options(c.options, true);
   Tensor<double> psi(Shape{n, N});
   if (const StoredTensor* p = maybe(in, "psi")) psi = need(in, "psi", op).values;
   else OASIS_REQUIRE(!d.coupling, "psi", "op ", op, " with coupling needs input tensor 'psi' [n, N]");
-  const std::vector<SourceKind> kinds = parse_kinds(c.options, n);
   auto cot = [&](auto tag) {
     using T = decltype(tag);
     return DepthCotangents<T>{as<T>(dh), da ? as<T>(*da) : Tensor<T>(), dan ? as<T>(*dan) : Tensor<T>()};
@@ -62,11 +69,11 @@ CompareReport run(const OpCall& c) {
       return m;
     };
   };
-  const bool use_prob = c.compare.policy != Policy::worst_case;
+  const bool use_prob = copt.policy != Policy::worst_case;
   CompareReport rep;
   rep.op = op;
   std::string fallback;
-  if (c.compare.oracle == Oracle::fast) {
+  if (copt.oracle == Oracle::fast) {
     // The fast oracle: the backward in double, each element judged with the double reference's own
     // worst-case bound folded in. The bounds are made from the double forward: their terms are
     // known within rho = 1e-7 (a relative 2^-53 (n + |g|) in the weights, against bounds of at
@@ -104,14 +111,14 @@ CompareReport run(const OpCall& c) {
                                                {"grad_psi", {&rd.psi, &own.psi, 1.0}},
                                                {"grad_beta", {&rb, &ob, 1.0}},
                                                {"grad_theta", {&rt, &ot, 1.0}}},
-                                              pb, c.compare, 1e-7, use_prob ? &pp : nullptr);
+                                              pb, copt, 1e-7, use_prob ? &pp : nullptr);
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
     }
     const double work = 8.0 * static_cast<double>(sources.values.size());
     const double bytes = 3.0 * static_cast<double>(sizeof(mp50)) * static_cast<double>(sources.values.size());
-    if (!mp50_fits(rep, work, bytes, c.compare, "the backward (dbeta sums over every token: the whole op)")) {
+    if (!mp50_fits(rep, work, bytes, copt, "the backward (dbeta sums over every token: the whole op)")) {
       rep.oracle = "fast (double, its own error bound folded in; " + std::to_string(undecided) + " elements undecided)";
       return rep;
     }
@@ -131,12 +138,10 @@ CompareReport run(const OpCall& c) {
                    {"grad_psi", &ref.psi},
                    {"grad_beta", &ref_beta},
                    {"grad_theta", &ref_theta}},
-                  bounds, c.compare, use_prob ? &pp : nullptr);
+                  bounds, copt, use_prob ? &pp : nullptr);
   rep.oracle = "mp50" + fallback;
   return rep;
 }
-
-}  // namespace
 
 OpSpec depth_backward_op() {
   return {"depth_backward",

@@ -437,7 +437,7 @@ CompareReport run_model(Models& ms, const TensorMap& inputs, const TensorMap& ou
   std::set<std::string> gradients;
   const bool any_gradient = std::any_of(outputs.begin(), outputs.end(), [](const auto& kv) { return is_model_gradient_name(kv.first); });
   if (any_gradient || inputs.count("grad_logits"))  // the gradients are checked in mp50 (op_model_grad.cpp)
-    check_model_gradients(ms.mp(), ids, B, Tn, inputs, outputs, opt, rep, gradients);
+    check_model_gradients(ms.mp(), ids, B, Tn, inputs, outputs, opt, rep, gradients, steps);
   for (const auto& g : gradients) steps[g] = "the oracle's backward from the implementation's grad_logits";
   OASIS_REQUIRE(!rep.tensors.empty(), "outputs",
                 "op model checked no tensor: the outputs hold no trace tensor of this model (they hold: ", names_of(outputs),

@@ -2,6 +2,7 @@
 // "Model gradients"). op_model.cpp calls check_model_gradients once per model check.
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,9 +21,13 @@ bool is_model_gradient_name(const std::string& name);
 /// Checks every gradient tensor of `outputs` (is_model_gradient_name) against the oracle's backward
 /// from the implementation's own dL/dlogits (input tensor "grad_logits" [B, T, V]) under the
 /// end-to-end parity rule; adds one report row per tensor and the checked names to `checked`.
-/// Without gradient tensors it does nothing (a lone grad_logits gets a note).
+/// Without gradient tensors it does nothing (a lone grad_logits gets a note). Then the routers'
+/// local backward steps: each router whose trace holds its forward inputs and .grad_routed has its
+/// .grad_g_old and .grad_psi judged by op depth_backward, rows named "<tensor> (backward step)"
+/// with their step in `step_of`.
 void check_model_gradients(const model::Model<mp50>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
                            const io::TensorMap& inputs, const io::TensorMap& outputs, const CompareOptions& opt,
-                           CompareReport& rep, std::set<std::string>& checked);
+                           CompareReport& rep, std::set<std::string>& checked,
+                           std::map<std::string, std::string>& step_of);
 
 }  // namespace oasis::verify::detail

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "op_support.hpp"
 
@@ -20,6 +21,11 @@ OpSpec attention_backward_op();
 OpSpec psi_backward_op();
 OpSpec depth_backward_op();
 OpSpec pseudo_query_backward_op();
+
+/// Op depth_backward on DepthOptions and kinds given directly (the model level's local backward
+/// steps of the routers, op_model_grad.cpp).
+CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, const DepthOptions& d,
+                                    const std::vector<SourceKind>& kinds, const CompareOptions& copt);
 
 /// The model level (op_model.cpp): `weights_file` holds the model and its configuration; or the
 /// configuration and the weights in memory.

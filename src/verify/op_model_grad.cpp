@@ -23,9 +23,7 @@
 #include <map>
 #include <sstream>
 
-#include "ops.hpp"
 #include "op_support.hpp"
-#include "oasis/model/wiring.hpp"
 #include "oasis/grad/model_backward.hpp"
 
 namespace oasis::verify::detail {
@@ -144,68 +142,6 @@ TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, c
   }
   r.passed = r.violations == 0;
   return r;
-}
-
-/// The local backward steps of the routers (docs/verify-model.md, "Local backward steps"): a router
-/// whose trace holds its forward inputs (.sources, .g_old, .psi when it couples) and the cotangent
-/// it received (.grad_routed) has its .grad_g_old and .grad_psi judged by op depth_backward on
-/// exactly those tensors, under the gradient ops' policy (the probabilistic bound by default). The
-/// rows are named "<tensor> (backward step)"; the notes name the first wrong step in backward order
-/// and the last correct one before it.
-void check_router_backward_steps(const om::Model<mp50>& m, index_t N, const io::TensorMap& outputs,
-                                 const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of) {
-  const om::ModelConfig& cfg = m.config();
-  if (!cfg.attn_res()) return;
-  const om::ModelWiring w = om::model_wiring(cfg);
-  auto get = [&](const std::string& name) -> const io::StoredTensor* {
-    const auto it = outputs.find(name);
-    return it == outputs.end() ? nullptr : &it->second;
-  };
-  std::string last_correct, first_wrong;
-  std::vector<std::string> skipped;
-  for (auto r = w.routers.rbegin(); r != w.routers.rend(); ++r) {  // backward order
-    const std::string& S = r->trace;
-    const io::StoredTensor *dgo = get(S + ".grad_g_old"), *dps = get(S + ".grad_psi");
-    if (!dgo && !dps) continue;
-    const DepthOptions d = om::router_depth_options(cfg, static_cast<double>(m.theta_of(r->params)));
-    const io::StoredTensor *src = get(S + ".sources"), *g = get(S + ".g_old"), *psi = get(S + ".psi"), *dh = get(S + ".grad_routed");
-    if (!src || !g || !dh || (d.coupling && !psi) || om::clamps_uncoupled_logits(d)) {
-      skipped.push_back(S);
-      continue;
-    }
-    const index_t n = static_cast<index_t>(r->candidates.size()), dm = cfg.d_model;
-    if (src->values.size() != n * N * dm || g->values.size() != n * N || dh->values.size() != N * dm ||
-        (psi && psi->values.size() != n * N))
-      continue;  // a shape the trace check has already reported
-    std::vector<SourceKind> kinds;
-    for (const auto& c : r->candidates) kinds.push_back(c.kind);
-    io::TensorMap in, out;
-    in["sources"] = {src->dtype, src->values.reshaped({n, N, dm})};
-    in["g_old"] = {g->dtype, g->values.reshaped({n, N})};
-    if (d.coupling) in["psi"] = {psi->dtype, psi->values.reshaped({n, N})};
-    in["grad_h"] = {dh->dtype, dh->values.reshaped({N, dm})};
-    if (dgo) out["grad_g_old"] = {dgo->dtype, dgo->values.reshaped({n, N})};
-    if (dps) out["grad_psi"] = {dps->dtype, dps->values.reshaped({n, N})};
-    const CompareReport local = depth_backward_report(in, out, d, kinds, opt);
-    const std::string step = "router " + r->params + "'s backward on its traced sources, g_old, psi and grad_routed (op "
-                             "depth_backward, oracle " + local.oracle + ")";
-    for (TensorReport t : local.tensors) {
-      t.name = S + "." + t.name + " (backward step)";
-      step_of[t.name] = step;
-      rep.tensors.push_back(t);
-    }
-    if (local.passed && first_wrong.empty()) last_correct = "router " + r->params;
-    if (!local.passed && first_wrong.empty()) first_wrong = "router " + r->params;
-  }
-  if (!first_wrong.empty())
-    rep.notes.insert(rep.notes.begin(), "first wrong backward step (backward order): " + first_wrong + "'s backward" +
-                                            (last_correct.empty() ? "" : "; the last correct one before it: " + last_correct + "'s"));
-  if (!skipped.empty()) {
-    std::string s;
-    for (const auto& x : skipped) s += (s.empty() ? "" : ", ") + x;
-    rep.notes.push_back("backward steps not checked locally (the trace lacks .sources, .g_old, .psi or .grad_routed, or "
-                        "the logits pass an uncoupled clamp whose input the trace does not hold): " + s);
-  }
 }
 
 }  // namespace

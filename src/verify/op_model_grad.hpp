@@ -30,4 +30,9 @@ void check_model_gradients(const model::Model<mp50>& m, const std::vector<index_
                            CompareReport& rep, std::set<std::string>& checked,
                            std::map<std::string, std::string>& step_of);
 
+/// The local backward steps of the routers (model_grad_steps.cpp; docs/verify-model.md, "Local
+/// backward steps"), called by check_model_gradients over N = B T positions.
+void check_router_backward_steps(const model::Model<mp50>& m, index_t N, const io::TensorMap& outputs,
+                                 const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of);
+
 }  // namespace oasis::verify::detail

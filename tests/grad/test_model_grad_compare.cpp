@@ -150,15 +150,17 @@ io::TensorMap router_step_tensors(const GradCase& s, const om::ModelGrads<float>
       out[tr.name + ".grad_routed"] = stored(tr.grad_routed, io::DType::f32);
       out[tr.name + ".grad_g_old"] = stored(tr.grad_g_old, io::DType::f32);
       out[tr.name + ".grad_psi"] = stored(tr.grad_psi, io::DType::f32);
+      out[tr.name + ".grad_sources"] = stored(tr.grad_sources, io::DType::f32);
     }
   return out;
 }
 
 // The routers' local backward steps: each router's grad_g_old and grad_psi judged by op
-// depth_backward on its traced sources, g_old, psi and grad_routed. The oracle's float backward
-// passes every step; a router whose psi gradient leaves out the centring mean (the rest of the
-// backward correct) fails its own step, which the report names as the first wrong backward step,
-// with the last correct one before it.
+// depth_backward on its traced sources, g_old, psi and grad_routed, and (Kimi) its grad_sources as
+// the mix plus the pseudo-query backward of its traced grad_g_old. The oracle's float backward
+// passes every step; a router whose psi gradient leaves out the centring mean, or whose sources'
+// gradients are swapped between two candidates (the rest of the backward correct), fails its own
+// step, which the report names as the first wrong backward step, with the last correct one before it.
 TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
   for (const char* c : {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "authors_oasis"}) {
     SCOPED_TRACE(c);
@@ -171,9 +173,32 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
     for (const auto& t : r.tensors)
       if (t.name.find("(backward step)") != std::string::npos) {
         routers.push_back(t.name);
-        EXPECT_NE(t.step.find("depth_backward"), std::string::npos) << t.step;
+        EXPECT_NE(t.step.find(t.name.find("grad_sources") == 0 || t.name.find(".grad_sources") != std::string::npos
+                                  ? "pseudo-query backward"
+                                  : "depth_backward"),
+                  std::string::npos)
+            << t.step;
       }
-    EXPECT_GE(routers.size(), 2u * 4u) << "every router's grad_g_old and grad_psi";
+    const bool kimi = std::string(c).rfind("kimi", 0) == 0;
+    EXPECT_GE(routers.size(), (kimi ? 3u : 2u) * 4u) << "every router's grad_g_old, grad_psi (and, Kimi, grad_sources)";
+    if (kimi) {  // a gradient accumulated into the wrong source: candidates 0 and 1 of the last router swapped
+      io::TensorMap sw = out;
+      const std::string L = g.trace.back().name;
+      Tensor<double>& gs = sw.at(L + ".grad_sources").values;
+      const index_t per = gs.size() / gs.dim(0);
+      for (index_t x = 0; x < per; ++x) std::swap(gs[x], gs[per + x]);
+      const verify::CompareReport r2 = run(s, sw);
+      EXPECT_FALSE(r2.passed);
+      bool sources_failed = false;
+      std::string note;
+      for (const auto& t : r2.tensors)
+        if (t.name == L + ".grad_sources (backward step)") sources_failed = !t.passed;
+      for (const auto& n : r2.notes)
+        if (n.find("first wrong backward step") != std::string::npos) note = n;
+      EXPECT_TRUE(sources_failed) << verify::format_report(r2);
+      EXPECT_NE(note.find("first wrong backward step"), std::string::npos) << verify::format_report(r2);
+      std::printf("%-28s grad_sources of candidates 0 and 1 swapped in %s: %s\n", c, L.c_str(), note.c_str());
+    }
     // the centring mean left out of one router's psi gradient: dpsi_r = dDpsi_r = -beta dx_r
     std::string S;  // the first router whose psi gradient is not all 0 (a centring set of two or more)
     for (const auto& tr : g.trace)
@@ -205,6 +230,25 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
     std::printf("%-28s %zu local backward rows PASS; centring mean dropped in %s: %s\n", c, routers.size(), S.c_str(),
                 note.c_str());
   }
+}
+
+// The zoo's router mutant whose candidates get gradient through the mix only (not their keys): the
+// first local step in backward order, the readout router's, fails on its grad_sources and is named.
+TEST(ModelGradCompare, RouterKeysMissingIsNamedAtTheFirstRouterStep) {
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g =
+      mutant_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>(), ModelMutant::router_keys_missing);
+  const verify::CompareReport r = run(s, router_step_tensors(s, g));
+  EXPECT_FALSE(r.passed);
+  std::string note;
+  for (const auto& n : r.notes)
+    if (n.find("first wrong backward step") != std::string::npos) note = n;
+  EXPECT_NE(note.find("router final_res's backward"), std::string::npos) << verify::format_report(r);
+  bool sources_failed = false;
+  for (const auto& t : r.tensors)
+    if (t.name == "final_res.grad_sources (backward step)") sources_failed = !t.passed;
+  EXPECT_TRUE(sources_failed) << verify::format_report(r);
+  std::printf("router keys missing: %s\n", note.c_str());
 }
 
 TEST(ModelGradCompare, BadInputIsNamed) {

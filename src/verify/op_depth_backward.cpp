@@ -48,9 +48,13 @@ CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, c
                     {"kink_edge", edge}};
   };
   // 16-bit sources or grad_h: the probabilistic bound admits intermediates stored in that type
-  double u16 = 0;
+  double u16 = 0, n16 = 0;  // unit roundoff and smallest normal of that type
   for (const StoredTensor* x : {&sources, &dh})
-    if (is16(x->dtype)) u16 = std::max(u16, unit_roundoff(x->dtype));
+    if (is16(x->dtype)) {
+      u16 = std::max(u16, unit_roundoff(x->dtype));
+      n16 = std::max(n16, std::ldexp(1.0, io::dtype_min_exponent(x->dtype)));
+    }
+  const DType in16 = input16({sources.dtype, dh.dtype});
   // The bounds of the backward in T from the forward `fwd` (exact, or double with ref_u = 2^-53):
   // the worst-case line (lambda = 0) or the probabilistic bound (depth_backward_bounds.hpp), the
   // latter for f32/f16/bf16 gradients only (f64 ones keep the worst-case line, as attention_backward's).
@@ -59,7 +63,7 @@ CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, c
       auto run = [&](auto tag) {
         using T = decltype(tag);
         return to_map(bounds::depth_route_backward_bounds(as<T>(sources.values), as<T>(g_old.values), as<T>(psi), kinds,
-                                                          d, cot(tag), fwd, nullptr, lambda, ref_u, u16));
+                                                          d, cot(tag), fwd, nullptr, lambda, ref_u, u16, n16));
       };
       BoundMap m = wide ? run(double{}) : run(float{});
       if (wide && lambda > 0)
@@ -111,7 +115,7 @@ CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, c
                                                {"grad_psi", {&rd.psi, &own.psi, 1.0}},
                                                {"grad_beta", {&rb, &ob, 1.0}},
                                                {"grad_theta", {&rt, &ot, 1.0}}},
-                                              pb, copt, 1e-7, use_prob ? &pp : nullptr);
+                                              pb, copt, 1e-7, use_prob ? &pp : nullptr, in16);
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
@@ -138,7 +142,7 @@ CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, c
                    {"grad_psi", &ref.psi},
                    {"grad_beta", &ref_beta},
                    {"grad_theta", &ref_theta}},
-                  bounds, copt, use_prob ? &pp : nullptr);
+                  bounds, copt, use_prob ? &pp : nullptr, in16);
   rep.oracle = "mp50" + fallback;
   return rep;
 }

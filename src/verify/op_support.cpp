@@ -129,9 +129,21 @@ RefValue value_at(const DoubleRef& r, index_t i) { return {(*r.value)[i], 0.0, r
 
 /// Both compare_outputs: every output present judged element by element; returns the number of
 /// elements left undecided (always 0 for mp50 references).
+/// The certain line of an output of dtype d at the wider of d and a 16-bit input type `in` (wc: the
+/// worst-case bound at the accumulation precision); a worst-case policy line moves with it.
+Allowed certain_at_input(Allowed a, DType d, DType in, double wc) {
+  if (!is16(in)) return a;
+  const double scale16 = is16(d) ? unit_roundoff(d) / unit_roundoff(DType::f32) : 1.0;
+  const double c = 2.0 * wc * std::max(scale16, unit_roundoff(in) / unit_roundoff(DType::f32));
+  if (c <= a.certain) return a;
+  if (a.policy == a.certain) a.policy = c;
+  a.certain = c;
+  return a;
+}
+
 template <class R>
 index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, R>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob, double rho) {
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob, double rho, DType in) {
   index_t undecided = 0;
   for (const auto& [name, t] : outputs) {
     auto it = refs.find(name);
@@ -146,13 +158,16 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
     TensorCheck chk(name, t, opt.show);
     for (index_t i = 0; i < size_of(ref); ++i)
       if (!chk.add(i, value_at(ref, i),
-                   allowed_terms(t.dtype, opt.policy, wc[i], pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0,
-                                 rho))) {
+                   certain_at_input(allowed_terms(t.dtype, opt.policy, wc[i],
+                                                  pb ? (*pb)[i] : std::numeric_limits<double>::quiet_NaN(), 0.0, rho),
+                                    t.dtype, in, wc[i]))) {
         ++undecided;
         chk.leave_undecided(i);
       }
     const bool has_prob = pb != nullptr && (pb->empty() || !std::isnan((*pb)[0]));
-    rep.tensors.push_back(chk.finish(bound_name(t.dtype, opt.policy, has_prob, false)));
+    const bool prob16 = is16(in) && has_prob && opt.policy != Policy::worst_case;  // the bound holds 16-bit storage
+    rep.tensors.push_back(chk.finish(prob16 ? "probabilistic, intermediates stored in " + std::string(io::to_string(in))
+                                            : bound_name(t.dtype, opt.policy, has_prob, false, in)));
   }
   rep.passed = std::all_of(rep.tensors.begin(), rep.tensors.end(), [](const TensorReport& t) { return t.passed; });
   return undecided;
@@ -161,13 +176,13 @@ index_t compare_each(CompareReport& rep, const TensorMap& outputs, const std::ma
 }  // namespace
 
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob) {
-  (void)compare_each(rep, outputs, refs, bounds, opt, prob, 0.0);
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob, DType in) {
+  (void)compare_each(rep, outputs, refs, bounds, opt, prob, 0.0, in);
 }
 
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
-                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob) {
-  return compare_each(rep, outputs, refs, bounds, opt, prob, rho);
+                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob, DType in) {
+  return compare_each(rep, outputs, refs, bounds, opt, prob, rho, in);
 }
 
 bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptions& opt, const std::string& what) {

@@ -114,9 +114,11 @@ class PlainBounds {
 
 /// Compare every output present against the oracle's `refs` (mp50) with the worst-case bounds and,
 /// when `prob` is given, the probabilistic ones (same BoundMap layout at the accumulation
-/// precision); fills rep.tensors and rep.passed.
+/// precision, taken as they are); fills rep.tensors and rep.passed. `in`: a 16-bit input type puts
+/// the certain line at the wider of the output's type and it (an implementation computing in the
+/// precision of its inputs).
 void compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, const Ref*>& refs,
-                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob = nullptr);
+                     PlainBounds& bounds, const CompareOptions& opt, PlainBounds* prob = nullptr, DType in = DType::f32);
 
 /// A reference computed in double: its values and a bound on their error (times err_scale).
 struct DoubleRef {
@@ -127,7 +129,8 @@ struct DoubleRef {
 /// As above against double references, the policy's terms known within a relative `rho`; returns
 /// the number of elements their errors leave undecided (rep is then to be recomputed in mp50).
 index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std::map<std::string, DoubleRef>& refs,
-                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob = nullptr);
+                        PlainBounds& bounds, const CompareOptions& opt, double rho, PlainBounds* prob = nullptr,
+                        DType in = DType::f32);
 
 /// The budget of the mp50 fallback (CompareOptions::mp50_budget, mp50_memory; docs/policies.md,
 /// "Failing fast"): whether recomputing in mp50 at an estimated `work` (multiply-adds) and `bytes`

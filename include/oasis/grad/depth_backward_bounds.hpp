@@ -50,13 +50,14 @@ struct DepthBackwardBounds {
 /// (attn_res_route) on the same inputs, exact (mp50) or computed with unit roundoff `ref_u`: the
 /// kink zones then widen by the error of the coupled logit that ref gives (and kink_edge is set).
 /// `g_old_err` as in depth_route_bounds. `lambda` = 0: the worst-case line; lambda > 0: the
-/// probabilistic bound at that lambda, with intermediates stored at unit roundoff `u16` when > 0.
+/// probabilistic bound at that lambda, with intermediates stored at unit roundoff `u16` when > 0
+/// (`n16`: that type's smallest normal; below it the rounding is absolute, at most u16 n16).
 template <class T, class R>
 DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const Tensor<T>& g_old, const Tensor<T>& psi,
                                                 const std::vector<SourceKind>& kinds, const DepthOptions& opt,
                                                 const DepthCotangents<T>& d, const DepthRoute<R>& ref,
                                                 const Tensor<double>* g_old_err = nullptr, double lambda = 0,
-                                                double ref_u = 0, double u16 = 0) {
+                                                double ref_u = 0, double u16 = 0, double n16 = 0) {
   struct Err {
     double det = 0, r = 0;
   };
@@ -72,8 +73,13 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
   auto events = [&](double count, double mag) { return prob ? Err{0, std::sqrt(count) * mag} : Err{count * u * mag, 0}; };
   // the result of one operation, stored in the 16-bit input type when there is one
   const double r16 = prob && u16 > u ? u16 / u : 1.0;
-  auto op1 = [&](double mag) { return events(1, r16 * mag); };
   const bool st16 = r16 > 1.0;  // intermediates (weights, dalpha, D) stored in 16 bits: one event each
+  auto m16 = [&](double x) { return st16 ? std::max(std::abs(x), n16) : std::abs(x); };  // a stored value's event scale
+  auto op1 = [&](double mag) { return events(1, r16 * m16(mag)); };
+  // with 16-bit inputs, a value stored in that type below its smallest normal n16 is off by up to
+  // u16 n16 whatever the policy: per event, in det (in T's u for the worst case, which the certain
+  // line scales to u16)
+  const double sub16 = u16 > 0 && n16 > 0 ? n16 * (prob ? u16 : u) : 0.0;
   auto plus_own = [](Err e, Err own) { return Err{e.det + own.det, std::hypot(e.r, own.r)}; };  // independent events
   auto fin = [&](const Err& e) { return kSecondOrder * (e.det + lu * e.r) + pr.p_floor; };
   if (st16)  // the forward in 16 bits too: its worst-case errors (and the kink zones) at u16
@@ -152,8 +158,8 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
     if (st16) eD = plus_own(eD, op1(std::abs(Dt)));
     double R2w16 = 0;  // the weights stored in 16 bits, through D: sum_r (a_r |da_r|)^2 (times r16^2)
     if (st16) {
-      R2w16 = an * an * dan * dan;
-      for (index_t i = 0; i < n; ++i) R2w16 += std::pow(D(ref.alpha(i, t)) * da[static_cast<std::size_t>(i)], 2);
+      R2w16 = std::pow(m16(an) * dan, 2);
+      for (index_t i = 0; i < n; ++i) R2w16 += std::pow(m16(D(ref.alpha(i, t))) * da[static_cast<std::size_t>(i)], 2);
       R2w16 *= r16 * r16;
     }
     double Sbt_det = 0, Sbt_r = 0, Sbt_kink = 0;
@@ -170,21 +176,25 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       const double a = D(ref.alpha(i, t)), A = A_of(i);
       const double w = da[ii] - Dt;
       const double dg = a * w;
-      const Err own3 = events(3, r16 * a * std::abs(w));
+      const Err own3 = events(3, r16 * m16(a * w));  // w stored (coefficient a <= 1), the product a w stored
       // alpha_i stored in 16 bits: directly (|w_i|) and through D (R2w16), (x + y)^2 <= 2 x^2 + 2 y^2
-      const double R2a16 = st16 ? 2.0 * (r16 * r16 * w * w + R2w16) * a * a : 0.0;
+      const double R2a16 = st16 ? 2.0 * (r16 * r16 * w * w * m16(a) * m16(a) + R2w16 * a * a) : 0.0;
       const double R2own = a * a * (E[ii].r * E[ii].r + R2aD + eD.r * eD.r) + R2a16 + own3.r * own3.r;
-      const double det_own = a * (E[ii].det + EaD + eD.det) + own3.det;
+      // the stored values' subnormal events: alpha_i (|w_i|), the weights through D, dalpha, D, w, dg
+      double sumda = std::abs(dan) + 5.0;
+      if (sub16 > 0)
+        for (std::size_t r = 0; r < nn; ++r) sumda += std::abs(da[r]);
+      const double det_own = a * (E[ii].det + EaD + eD.det) + own3.det + sub16 * (std::abs(w) + sumda);
       Err G{A * std::abs(w) + a * W + det_own, std::sqrt(R2own)};  // the weights' error worst case
       if (prob) {
         const double wR = AR[ii] * std::abs(w) + a * WR;  // the weights' events (coherent), probabilistic
         const Err Gp{det_own, std::sqrt(R2own + wR * wR)};
         if (fin(Gp) < fin(G)) G = Gp;
       }
-      const double us = st16 ? 2.0 * u16 : u;  // alpha_i dh_c: the product (and alpha_i stored in 16 bits)
-      for (index_t c = 0; c < dim; ++c) {
+      for (index_t c = 0; c < dim; ++c) {  // alpha_i dh_c: the product (and alpha_i stored in 16 bits)
         const double hc = std::abs(D(d.h(t, c)));
-        b.sources(i, t, c) = kSecondOrder * ((prob ? std::min(A, lu * AR[ii]) : A) * hc + us * a * hc) + pr.p_floor;
+        const double own = st16 ? u16 * (m16(a) * hc + m16(a * hc)) : u * a * hc;
+        b.sources(i, t, c) = kSecondOrder * ((prob ? std::min(A, lu * AR[ii]) : A) * hc + own + sub16 * (hc + 1.0)) + pr.p_floor;
       }
       if (!opt.coupling) {
         dx[ii] = dg;
@@ -198,7 +208,8 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       const double margin =
           4.0 * ref_u * (std::abs(xi) + std::abs(D(g_old(i, t))) + D(beta_exact) * (std::abs(D(ref.dpsi(i, t))) + D(n) + 2.0));
       const bool pass = clamp_passes(xi, -L, L);
-      const double dist = std::abs(std::abs(xi) - L), zone = fw.g(i, t);
+      // a kernel computing in a 16-bit input type decides its clamps on logits off by u16, whatever the policy
+      const double dist = std::abs(std::abs(xi) - L), zone = fw.g(i, t) * (!st16 && u16 > u ? u16 / u : 1.0);
       const bool ambiguous = std::isfinite(L) && dist <= zone + margin;
       if (ref_u > 0 && std::isfinite(L) && std::abs(dist - zone) <= 2.0 * margin + 1e-9 * zone)
         b.kink_edge[static_cast<std::size_t>(t)] = 1;
@@ -213,7 +224,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       A_beta += std::abs(dx[ii] * dpsi_c);
       dbeta -= dx[ii] * dpsi_c;
       dD[ii] = -bb.beta * dx[ii];  // dL/dDpsi, and its error
-      DD[ii] = plus_own(Err{bb.err * std::abs(dx[ii]) + bb.beta * X[ii].det, bb.beta * X[ii].r}, op1(std::abs(dD[ii])));
+      DD[ii] = plus_own(Err{bb.err * std::abs(dx[ii]) + bb.beta * X[ii].det + sub16, bb.beta * X[ii].r}, op1(std::abs(dD[ii])));
     }
     if (prob) {  // events local to the token, over tokens in quadrature (sum |c| >= sqrt(sum c^2)); kinks linear
       const double local = Sbt_r + (Sbt_det - Sbt_kink) / u;
@@ -236,6 +247,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
     mean_abs /= c_set;
     mean = plus_own(Err{mean.det / c_set, mean.r / c_set}, events(c_set, mean_abs));  // c - 1 additions, a division
     if (st16) mean = plus_own(mean, op1(mean_abs));
+    mean.det += sub16;
     const double mean_v = [&] {
       double m = 0;
       for (index_t i = 0; i < n; ++i)
@@ -246,7 +258,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       if (ev(i)) {
         const std::size_t ii = static_cast<std::size_t>(i);
         const double g = dD[ii] - mean_v;
-        b.psi(i, t) = fin(plus_own(Err{DD[ii].det + mean.det, DD[ii].r + mean.r}, op1(std::abs(g))));
+        b.psi(i, t) = fin(plus_own(Err{DD[ii].det + mean.det + sub16, DD[ii].r + mean.r}, op1(std::abs(g))));
       }
   }
   if (opt.coupling) {
@@ -254,7 +266,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
     const Err Sdb = plus_own(Err{S_beta.det + bb.err * shared_beta, std::sqrt(S_beta.r)},
                              events(static_cast<double>(n * N), A_beta));
     const bool pass = clamp_passes(bb.raw, -std::numeric_limits<double>::infinity(), co.beta_max);
-    const bool ambiguous = std::isfinite(co.beta_max) && std::abs(bb.raw - co.beta_max) <= bb.raw_err;
+    const bool ambiguous = std::isfinite(co.beta_max) && std::abs(bb.raw - co.beta_max) <= beta_bound(opt, std::max(u, u16)).raw_err;
     const double draw = pass ? dbeta : 0.0;
     const Err Braw = ambiguous ? Err{Sdb.det + std::abs(dbeta), Sdb.r} : (pass ? Sdb : Err{});
     b.beta = fin(Braw);

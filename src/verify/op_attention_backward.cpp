@@ -55,6 +55,7 @@ CompareReport run(const OpCall& c) {
       sf.out_u = std::max(sf.out_u, unit_roundoff(x->dtype));
       n16 = std::max(n16, std::ldexp(1.0, io::dtype_min_exponent(x->dtype)));
     }
+  sf.out_min = n16;
   const bool stored = sf.out || sf.lse || sf.out_u > 0;  // else the stored forward adds nothing
   // The policy's bounds: the reference backward's bound in float (f16/bf16/f32 outputs) or double
   // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double),

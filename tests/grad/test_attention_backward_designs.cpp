@@ -299,3 +299,36 @@ TEST(AttentionBackwardDesigns, SpecMistakesFailAt4096Keys) {
     }
   }
 }
+
+// No false alarm over random shapes: 60 seeds of Tq 1..60 over Tk = Tq (causal or not) or longer
+// (decode, chunked prefill), batch 1 and 2, GQA 4 on 1 or 2, sinks in [-2, 2] shifted by 0, +12
+// or -12 (p_null near 1: probabilities and O below f16's smallest normal), with and without the
+// dLSE and dP cotangents; the FlashAttention-2 design in bf16, f16 and f32, with and without the
+// stored O and LSE. Every run passes the default policy (worst err/bound 0.94: a gradient of 3e-8
+// stored as an f16 zero, the output's own rounding; before O's subnormal storage was admitted, an
+// f16 run with sinks of +12 reached 0.998 on grad_null_logits).
+TEST(AttentionBackwardDesigns, FlashAttention2PassesOverRandomShapes) {
+  double worst = 0;
+  int runs = 0;
+  for (int seed = 0; seed < 60; ++seed) {
+    const index_t Tq = 1 + seed % 60, Tk = seed % 3 == 0 ? Tq : Tq + (seed * 7) % 90;
+    Case c{"random", 1 + seed % 2, 4, seed % 2 ? 2 : 1, Tq, Tk, 64, 64};
+    c.causal = seed % 4 == 1;
+    c.sinks = true;
+    c.dlse = seed % 5 == 0;
+    c.dp_null = seed % 7 == 0;
+    const double shift = seed % 6 == 0 ? 12.0 : seed % 6 == 1 ? -12.0 : 0.0;
+    for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+      Instance I = instance_in(c, base_seed() + 500 + static_cast<std::uint64_t>(seed), d);
+      for (double& s : I.opt.null_logits) s += shift;
+      for (bool give : {false, true}) {
+        const verify::CompareReport r = compare(I, fa2_in(I, d, Mutant::none, give));
+        EXPECT_TRUE(r.passed) << "seed " << seed << " " << io::to_string(d) << (give ? " with out, lse" : "") << "\n"
+                              << verify::format_report(r);
+        for (const auto& t : r.tensors) worst = std::max(worst, t.worst_ratio);
+        ++runs;
+      }
+    }
+  }
+  std::printf("fa2 backward, random shapes: %d runs, worst err/bound %.3g\n", runs, worst);
+}

@@ -195,12 +195,13 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<T>& q, const Tens
 struct StoredForward {
   const Tensor<double>* out = nullptr;  ///< O' as given ([B, H, Tq, d_v], the options' layout); null: unknown
   double out_u = 0;                     ///< without `out`: O' is O stored with this unit roundoff
+  double out_min = 0;                   ///< and this smallest normal (below it the rounding is absolute)
   const Tensor<double>* lse = nullptr;  ///< LSE1' in nats as given ([B, H, Tq]); null: recomputed in T
 };
 
 /// The error a backward made from a stored forward carries besides its own rounding (absolute; to
 /// add to attention_backward_bounds, not to be scaled to another precision). With dO'_c = |O'_c - O_c|
-/// (given: as measured; not given: out_u |O_c|, the storage rounding; the forward's own error in T
+/// (given: as measured; not given: out_u max(|O_c|, out_min), the storage rounding; the forward's own error in T
 /// is left to the rounding bound, whose D recomputed from P has the same sums) and the probabilities
 /// off by a relative eps = e^|LSE' - LSE| - 1 (0 without `lse`):
 ///   dD   <= sum_c |dO_c| dO'_c + d_v u sum_c |dO_c| (|O_c| + dO'_c) + eps (p_null |dP| + sum_j p_j |dp_j|)
@@ -246,7 +247,7 @@ AttentionBackwardBounds stored_forward_bounds(const Tensor<T>& q, const Tensor<T
         double eD = 0, aD = 0, Dt = pn * dpn, absD = pn * std::abs(dpn);
         for (index_t c = 0; c < s.d_v; ++c) {
           const double o = D(ref.out(bb, h, t, c)), g = std::abs(D(d.out(bb, h, t, c)));
-          const double dev = sf.out ? std::abs((*sf.out)(bb, h, t, c) - o) : sf.out_u * std::abs(o);
+          const double dev = sf.out ? std::abs((*sf.out)(bb, h, t, c) - o) : sf.out_u * std::max(std::abs(o), sf.out_min);
           eD += g * dev;
           aD += g * (std::abs(o) + dev);
         }

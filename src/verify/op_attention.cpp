@@ -91,8 +91,17 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
   }
   RefValue ref{hi, 0.0, own.wc, exact};
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
-  return chk.add(flat_of(c, {r.b, r.h, r.t}, t.kind, e), ref,
-                 allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho, t.in));
+  Allowed a = allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho, t.in);
+  if (t.kind == Kind::out && is16(t.in)) {
+    // probabilities stored in the 16-bit input type below its smallest normal n16 (sinks far above
+    // the scores): each is off by up to u16 n16 absolutely, so out_c by sum_j |v_jc| u16 n16
+    const double sub = bounds::kSecondOrder * unit_roundoff(t.in) * std::ldexp(1.0, io::dtype_min_exponent(t.in)) *
+                       r.absv[static_cast<std::size_t>(e)];
+    const bool same = a.policy == a.certain;  // worst_case: the policy line is the certain line
+    a.certain += 2.0 * sub;
+    a.policy = same ? a.certain : a.policy + sub;
+  }
+  return chk.add(flat_of(c, {r.b, r.h, r.t}, t.kind, e), ref, a);
 }
 
 std::string row_label(const AttnCall& c, index_t row) {

@@ -155,6 +155,7 @@ struct Target {
   std::string name;
   const StoredTensor* got;
   Precision pr;
+  DType in = DType::f32;  ///< a 16-bit type of the inputs: every intermediate may be stored in it (policies.md)
 };
 
 index_t elems_per_token(const DepthCall& c, Kind k) { return k == Kind::h ? c.d : k == Kind::alpha_null ? 1 : c.n; }
@@ -220,7 +221,8 @@ bool judge(const DepthCall& c, const TokenRow& r, const Target& tg, index_t e, P
   }
   RefValue ref{hi, 0.0, r.exact ? 0.0 : own, exact};
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
-  return chk.add(flat, ref, allowed_terms(tg.got->dtype, policy, wc, prob, tg.kind == Kind::h ? mix : 0.0, r.exact ? 0.0 : rho));
+  return chk.add(flat, ref,
+                 allowed_terms(tg.got->dtype, policy, wc, prob, tg.kind == Kind::h ? mix : 0.0, r.exact ? 0.0 : rho, tg.in));
 }
 
 CompareReport run_depth(const std::string& op, const OpCall& call) {
@@ -272,7 +274,8 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
       rep.tensors.push_back(shape_mismatch(name, t, it->second.second));
       continue;
     }
-    targets.push_back({it->second.first, name, &t, t.dtype == DType::f64 ? Precision::flushing<double>() : Precision::flushing<float>()});
+    targets.push_back({it->second.first, name, &t, t.dtype == DType::f64 ? Precision::flushing<double>() : Precision::flushing<float>(),
+                       input16({coupling_only ? DType::f32 : need(in, "sources", op).dtype, g_old.dtype})});
     slot.push_back(rep.tensors.size());
     rep.tensors.emplace_back();
   }
@@ -323,7 +326,7 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
                         std::to_string(tokens.size()) + " tokens recomputed in mp50)";
   for (std::size_t ti = 0; ti < targets.size(); ++ti) {
     const Kind k = targets[ti].kind;
-    rep.tensors[slot[ti]] = checks[ti].finish(bound_name(targets[ti].got->dtype, copt.policy, k == Kind::h || k == Kind::alpha || k == Kind::alpha_null, k == Kind::h));
+    rep.tensors[slot[ti]] = checks[ti].finish(bound_name(targets[ti].got->dtype, copt.policy, k == Kind::h || k == Kind::alpha || k == Kind::alpha_null, k == Kind::h, targets[ti].in));
   }
   if (copt.sample > 0 && copt.sample < N) {
     rep.sample.rows = static_cast<index_t>(tokens.size());

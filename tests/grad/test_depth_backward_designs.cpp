@@ -3,6 +3,8 @@
 // never FAIL-certain; the mistakes of docs/spec.md §8 fail it at d = 4096, in f32 and bf16; the fast
 // double oracle gives mp50's verdicts and counts, and leaves a logit at a clamp's kink to mp50.
 //
+// Also the forward of torch eager code on 16-bit sources (op depth).
+//
 // Designs: the library's backward in float32; the independent zoo backward (depth_zoo.hpp) in
 // float32; in bf16 with float32 accumulation stored once (a fused kernel); and torch eager on bf16
 // tensors (every intermediate stored in bf16). Seeds: base_seed() (OASIS_GRAD_SEED) + 700 + i.
@@ -234,5 +236,44 @@ TEST(DepthBackwardDesigns, FastOracleLeavesAKinkToMp50) {
     const verify::CompareReport r = compare_depth(I, zoo_depth_backward<float>(I, mu));
     EXPECT_EQ(r.passed, mu == DepthMutant::none) << verify::format_report(r);
     EXPECT_EQ(r.oracle.rfind("mp50", 0), 0u) << r.oracle;
+  }
+}
+
+// The forward (op depth) of torch eager code on 16-bit sources: the weights stored in bf16 or f16
+// before the mix (as fla's AttnRes reference does on bf16 tensors), h accumulated in float32 and
+// stored in the input type. 16-bit inputs let every intermediate be stored in that type, as for
+// attention (docs/policies.md): 50 random configurations per type pass the default policy (before,
+// all 100 failed it on h).
+TEST(DepthBackwardDesigns, EagerForwardOn16BitSourcesPasses) {
+  for (DType d : {DType::bf16, DType::f16}) {
+    double w = 0;
+    for (int seed = 0; seed < 50; ++seed) {
+      const index_t n = 3 + seed % 7, N = 1 + seed % 9, dm = index_t{64} << (seed % 4);
+      DepthCase c{"eager_forward", n, N, dm, kinds_of(std::string("iahahahahah").substr(0, static_cast<std::size_t>(n)))};
+      c.g_scale = 0.5 + seed % 3;
+      DepthInstance I = make_depth(c, base_seed() + 800 + static_cast<std::uint64_t>(seed));
+      I.sources = rounded(I.sources, d);
+      const DepthRoute<float> f =
+          attn_res_route(I.sources.cast<float>(), I.g_old.cast<float>(), I.psi.cast<float>(), I.kinds, I.opt);
+      const Tensor<double> alpha = rounded(f.alpha.cast<double>(), d), an = rounded(f.alpha_null.cast<double>(), d);
+      Tensor<double> h({N, dm});
+      for (index_t t = 0; t < N; ++t)
+        for (index_t x = 0; x < dm; ++x) {
+          float acc = 0;
+          for (index_t i = 0; i < n; ++i) acc += static_cast<float>(alpha(i, t)) * static_cast<float>(I.sources(i, t, x));
+          h(t, x) = io::round_to_dtype(acc, d);
+        }
+      io::TensorMap in, out;
+      in["sources"] = {d, I.sources};
+      in["g_old"] = {DType::f32, I.g_old};
+      in["psi"] = {DType::f32, I.psi};
+      out["h"] = {d, h};
+      out["alpha"] = {d, alpha};
+      out["alpha_null"] = {d, an};
+      const verify::CompareReport r = verify::check("depth", in, out, io::json::parse(depth_options_json(I)));
+      EXPECT_TRUE(r.passed) << "seed " << seed << " " << io::to_string(d) << "\n" << verify::format_report(r);
+      w = std::max(w, worst(r));
+    }
+    std::printf("depth forward, torch eager on %s sources: worst err/bound %.3g\n", std::string(io::to_string(d)).c_str(), w);
   }
 }

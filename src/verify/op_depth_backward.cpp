@@ -122,14 +122,9 @@ CompareReport depth_backward_report(const TensorMap& in, const TensorMap& out, c
     }
     const double work = 8.0 * static_cast<double>(sources.values.size());
     const double bytes = 3.0 * static_cast<double>(sizeof(mp50)) * static_cast<double>(sources.values.size());
-    if (!mp50_fits(rep, work, bytes, copt, "the backward (dbeta sums over every token: the whole op)")) {
-      rep.oracle = "fast (double, its own error bound folded in; " + std::to_string(undecided) + " elements undecided)";
+    if (!mp50_fallback(rep, op, undecided, work, bytes, copt, "the backward (dbeta sums over every token: the whole op)",
+                       fallback))
       return rep;
-    }
-    rep = CompareReport{};
-    rep.op = op;
-    rep.mp50_work = work;
-    fallback = "; " + std::to_string(undecided) + " elements undecided by the fast oracle";
   }
   const Tensor<mp50> sm = as<mp50>(sources.values), gm = as<mp50>(g_old.values), pm = as<mp50>(psi);
   const DepthRoute<mp50> fwd = attn_res_route(sm, gm, pm, kinds, d);

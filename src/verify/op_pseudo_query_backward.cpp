@@ -68,14 +68,9 @@ CompareReport run(const OpCall& c) {
     }
     const double work = 12.0 * static_cast<double>(src.values.size());
     const double bytes = 4.0 * static_cast<double>(sizeof(mp50)) * static_cast<double>(src.values.size());
-    if (!mp50_fits(rep, work, bytes, c.compare, "the backward (grad_w and grad_gain sum over every token: the whole op)")) {
-      rep.oracle = "fast (double, its own error bound folded in; " + std::to_string(undecided) + " elements undecided)";
+    if (!mp50_fallback(rep, op, undecided, work, bytes, c.compare,
+                       "the backward (grad_w and grad_gain sum over every token: the whole op)", fallback))
       return rep;
-    }
-    rep = CompareReport{};
-    rep.op = op;
-    rep.mp50_work = work;
-    fallback = "; " + std::to_string(undecided) + " elements undecided by the fast oracle";
   }
   const PseudoQueryGrads<mp50> ref = pseudo_query_logits_backward(
       as<mp50>(src), as<mp50>(w), gain.empty() ? Ref() : as<mp50>(gain), as<mp50>(dg), k);

@@ -196,6 +196,19 @@ bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptio
   return false;
 }
 
+bool mp50_fallback(CompareReport& rep, const std::string& op, index_t undecided, double work, double bytes,
+                   const CompareOptions& opt, const std::string& what, std::string& fallback) {
+  if (!mp50_fits(rep, work, bytes, opt, what)) {
+    rep.oracle = "fast (double, its own error bound folded in; " + std::to_string(undecided) + " elements undecided)";
+    return false;
+  }
+  rep = CompareReport{};
+  rep.op = op;
+  rep.mp50_work = work;
+  fallback = "; " + std::to_string(undecided) + " elements undecided by the fast oracle";
+  return true;
+}
+
 std::vector<index_t> sample_rows(index_t total, index_t n, std::uint64_t seed) {
   std::vector<index_t> rows;
   if (n <= 0 || n >= total) {

@@ -138,6 +138,13 @@ index_t compare_outputs(CompareReport& rep, const TensorMap& outputs, const std:
 /// figures against the budget.
 bool mp50_fits(CompareReport& rep, double work, double bytes, const CompareOptions& opt, const std::string& what);
 
+/// After a fast oracle left `undecided` elements: whether the whole op is to be recomputed in mp50
+/// (mp50_fits). If so, `rep` is reset for it (op, mp50_work) and `fallback` names the elements for
+/// the oracle line; if not, `rep` keeps the fast verdicts with the oracle line saying how many are
+/// left undecided.
+bool mp50_fallback(CompareReport& rep, const std::string& op, index_t undecided, double work, double bytes,
+                   const CompareOptions& opt, const std::string& what, std::string& fallback);
+
 /// Sorts `v` by `key` and returns the [first, last) index ranges of equal keys (the fast oracles
 /// group their undecided elements by row or token, to recompute each once in mp50).
 template <class T, class Key>

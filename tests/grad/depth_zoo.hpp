@@ -131,6 +131,24 @@ DepthGrads<T> zoo_depth_backward(const DepthInstance& I, DepthMutant mu, io::DTy
   return g;
 }
 
+/// The zoo's two small cases: paper_v2 with the weights' cotangents (centring, D, theta), and the
+/// authors' conventions with the score clamp (1.0) and the beta cap (0.75) active.
+inline DepthCase zoo_case_paper() {
+  DepthCase a{"zoo_paper", 5, 3, 3, kinds_of("iahah")};
+  a.opt.theta = 0.5;
+  a.dalpha_null = a.dalpha = true;
+  return a;
+}
+inline DepthCase zoo_case_clamps() {
+  DepthCase b{"zoo_clamps", 4, 4, 2, kinds_of("iaha")};
+  b.opt.coupling_options = CouplingOptions::authors_code();
+  b.opt.coupling_options.score_clamp = 1.0;
+  b.opt.coupling_options.beta_max = 0.75;
+  b.opt.theta = 2.0;
+  b.g_scale = 1.5;
+  return b;
+}
+
 inline std::string depth_options_json(const DepthInstance& I) {
   const CouplingOptions& co = I.opt.coupling_options;
   std::string k = "[";

@@ -26,10 +26,7 @@ namespace {
 
 using io::DType;
 
-Tensor<double> rounded(Tensor<double> x, DType d) {
-  for (index_t i = 0; i < x.size(); ++i) x[i] = io::round_to_dtype(x[i], d);
-  return x;
-}
+using oasis::test::rounded;
 
 /// What the kernel hands to compare: its gradients and, optionally, the forward's stored O and LSE.
 struct Submission {

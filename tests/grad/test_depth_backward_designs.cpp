@@ -24,10 +24,7 @@ namespace {
 
 using io::DType;
 
-Tensor<double> rounded(Tensor<double> x, DType d) {
-  for (index_t i = 0; i < x.size(); ++i) x[i] = io::round_to_dtype(x[i], d);
-  return x;
-}
+using oasis::test::rounded;
 
 /// n = 9 candidates (paper_v2 centring, theta = 0.5) over N tokens of width d, with the
 /// cotangents of the weights given; dalpha_null at the scale of <dh, s_i> (sqrt(d)), as a loss on
@@ -176,15 +173,7 @@ TEST(DepthBackwardDesigns, MistakesFailAtRealSize) {
 // The fast oracle gives mp50's verdict and counts on the small zoo (clamps and cap active) and on
 // a coupled logit placed exactly at the score clamp, which it leaves to mp50.
 TEST(DepthBackwardDesigns, FastOracleAgreesWithMp50) {
-  DepthCase a{"paper", 5, 3, 3, kinds_of("iahah")};
-  a.opt.theta = 0.5;
-  a.dalpha_null = a.dalpha = true;
-  DepthCase b{"clamps", 4, 4, 2, kinds_of("iaha")};
-  b.opt.coupling_options = CouplingOptions::authors_code();
-  b.opt.coupling_options.score_clamp = 1.0;
-  b.opt.coupling_options.beta_max = 0.75;
-  b.opt.theta = 2.0;
-  b.g_scale = 1.5;
+  const DepthCase a = zoo_case_paper(), b = zoo_case_clamps();
   DepthInstance kink = make_depth(b, base_seed() + 732);
   kink.opt.beta = 0.5;  // Dpsi exact below: psi in eighths, the authors' mean over 4 candidates
   for (index_t i = 0; i < 4; ++i)
@@ -217,12 +206,8 @@ TEST(DepthBackwardDesigns, FastOracleAgreesWithMp50) {
 // The kink: a coupled logit exactly at the clamp, where the double reference's own bound admits
 // both sides, sends the call to mp50; without it the fast oracle decides alone.
 TEST(DepthBackwardDesigns, FastOracleLeavesAKinkToMp50) {
-  DepthCase b{"clamps", 4, 4, 2, kinds_of("iaha")};
-  b.opt.coupling_options = CouplingOptions::authors_code();
-  b.opt.coupling_options.score_clamp = 1.0;
-  b.opt.coupling_options.beta_max = 0.75;
+  DepthCase b = zoo_case_clamps();
   b.opt.beta = 0.5;
-  b.g_scale = 1.5;
   DepthInstance I = make_depth(b, base_seed() + 733);
   for (index_t i = 0; i < 4; ++i)
     for (index_t t = 0; t < 4; ++t) I.psi(i, t) = static_cast<double>((i + 3 * t) % 8) / 8.0;

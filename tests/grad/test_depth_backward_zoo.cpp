@@ -26,16 +26,7 @@ verify::CompareReport compare_float(const DepthInstance& I, const DepthGrads<flo
 /// The zoo's instances: paper_v2 with dalpha_null (centring, D, theta), and the authors' clamps
 /// with the score clamp and the beta cap active.
 std::vector<DepthInstance> zoo_instances() {
-  DepthCase a{"zoo_paper", 5, 3, 3, kinds_of("iahah")};
-  a.opt.theta = 0.5;
-  a.dalpha_null = a.dalpha = true;
-  DepthCase b{"zoo_clamps", 4, 4, 2, kinds_of("iaha")};
-  b.opt.coupling_options = CouplingOptions::authors_code();
-  b.opt.coupling_options.score_clamp = 1.0;
-  b.opt.coupling_options.beta_max = 0.75;
-  b.opt.theta = 2.0;
-  b.g_scale = 1.5;
-  return {make_depth(a, base_seed() + 90), make_depth(b, base_seed() + 91)};
+  return {make_depth(zoo_case_paper(), base_seed() + 90), make_depth(zoo_case_clamps(), base_seed() + 91)};
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 //  * reproducible random tensors (oasis_random.hpp, shared with the benchmarks);
 //  * comparison against a reference under a per-element bound that reports the count of
 //    violations and the first few mismatching indices (llm.c style), as a gtest AssertionResult;
-//  * the argument that a rejected call names (bad input must name the offending argument).
+//  * the argument that a rejected call names (bad input must name the offending argument);
+//  * a tensor rounded to a storage dtype.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,9 +18,16 @@
 
 #include "oasis/core/error.hpp"
 #include "oasis/core/tensor.hpp"
+#include "oasis/io/dtype.hpp"
 #include "oasis_random.hpp"
 
 namespace oasis::test {
+
+/// x with every entry rounded to dtype d (inputs exact in d).
+inline Tensor<double> rounded(Tensor<double> x, io::DType d) {
+  for (index_t i = 0; i < x.size(); ++i) x[i] = io::round_to_dtype(x[i], d);
+  return x;
+}
 
 /// Multi-index of a flat offset, for messages.
 inline std::string index_str(const Shape& shape, index_t flat) {

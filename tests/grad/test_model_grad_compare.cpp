@@ -155,6 +155,20 @@ io::TensorMap router_step_tensors(const GradCase& s, const om::ModelGrads<float>
   return out;
 }
 
+/// The report's note naming the first wrong backward step ("" when none).
+std::string first_wrong_step_note(const verify::CompareReport& r) {
+  for (const auto& n : r.notes)
+    if (n.find("first wrong backward step") != std::string::npos) return n;
+  return "";
+}
+
+/// Whether the report's row `name` exists and fails.
+bool row_failed(const verify::CompareReport& r, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.name == name) return !t.passed;
+  return false;
+}
+
 // The routers' local backward steps: each router's grad_g_old and grad_psi judged by op
 // depth_backward on its traced sources, g_old, psi and grad_routed, and (Kimi) its grad_sources as
 // the mix plus the pseudo-query backward of its traced grad_g_old, on every Kimi and coupled
@@ -191,14 +205,9 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
       for (index_t x = 0; x < per; ++x) std::swap(gs[x], gs[per + x]);
       const verify::CompareReport r2 = run(s, sw);
       EXPECT_FALSE(r2.passed);
-      bool sources_failed = false;
-      std::string note;
-      for (const auto& t : r2.tensors)
-        if (t.name == L + ".grad_sources (backward step)") sources_failed = !t.passed;
-      for (const auto& n : r2.notes)
-        if (n.find("first wrong backward step") != std::string::npos) note = n;
-      EXPECT_TRUE(sources_failed) << verify::format_report(r2);
-      EXPECT_NE(note.find("first wrong backward step"), std::string::npos) << verify::format_report(r2);
+      const std::string note = first_wrong_step_note(r2);
+      EXPECT_TRUE(row_failed(r2, L + ".grad_sources (backward step)")) << verify::format_report(r2);
+      EXPECT_FALSE(note.empty()) << verify::format_report(r2);
       std::printf("%-28s grad_sources of candidates 0 and 1 swapped in %s: %s\n", c, L.c_str(), note.c_str());
     }
     // the centring mean left out of one router's psi gradient: dpsi_r = dDpsi_r = -beta dx_r
@@ -214,20 +223,15 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
       if (x.trace == S) R = &x;
     ASSERT_NE(R, nullptr);
     const DepthOptions d = om::router_depth_options(cfg, s.m.theta_of(R->params));
-    const double beta = std::min(d.beta ? *d.beta : std::log1p(std::exp(d.theta)), d.coupling_options.beta_max);
+    const double beta = depth_beta<double>(d);
     Tensor<double>& gp = out[S + ".grad_psi"].values;
     const Tensor<double>& gx = out[S + ".grad_g_old"].values;
     for (index_t i = 0; i < gp.size(); ++i)
       if (gp[i] != 0) gp[i] = static_cast<float>(-beta * gx[i]);
     const verify::CompareReport m = run(s, out);
     EXPECT_FALSE(m.passed);
-    bool step_failed = false;
-    std::string note;
-    for (const auto& t : m.tensors)
-      if (t.name == S + ".grad_psi (backward step)") step_failed = !t.passed;
-    for (const auto& n : m.notes)
-      if (n.find("first wrong backward step") != std::string::npos) note = n;
-    EXPECT_TRUE(step_failed) << verify::format_report(m);
+    const std::string note = first_wrong_step_note(m);
+    EXPECT_TRUE(row_failed(m, S + ".grad_psi (backward step)")) << verify::format_report(m);
     EXPECT_NE(note.find(R->params), std::string::npos) << verify::format_report(m);
     std::printf("%-28s %zu local backward rows PASS; centring mean dropped in %s: %s\n", c, routers.size(), S.c_str(),
                 note.c_str());
@@ -255,14 +259,9 @@ TEST(ModelGradCompare, RouterKeysMissingIsNamedAtTheFirstRouterStep) {
       mutant_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>(), ModelMutant::router_keys_missing);
   const verify::CompareReport r = run(s, router_step_tensors(s, g));
   EXPECT_FALSE(r.passed);
-  std::string note;
-  for (const auto& n : r.notes)
-    if (n.find("first wrong backward step") != std::string::npos) note = n;
+  const std::string note = first_wrong_step_note(r);
   EXPECT_NE(note.find("router final_res's backward"), std::string::npos) << verify::format_report(r);
-  bool sources_failed = false;
-  for (const auto& t : r.tensors)
-    if (t.name == "final_res.grad_sources (backward step)") sources_failed = !t.passed;
-  EXPECT_TRUE(sources_failed) << verify::format_report(r);
+  EXPECT_TRUE(row_failed(r, "final_res.grad_sources (backward step)")) << verify::format_report(r);
   std::printf("router keys missing: %s\n", note.c_str());
 }
 

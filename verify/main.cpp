@@ -4,6 +4,7 @@
 //   oasis-verify compare CONFIG [--json FILE] [--show N] [--policy P] [--oracle O] [--sample N] [--seed S]
 //                               [--mp50-budget N] [--mp50-memory B] [--html FILE] [--no-progress]
 //   oasis-verify figures MODEL TRACE --out DIR
+//   oasis-verify fuzz OP --cmd 'PROGRAM {in} {out}' [--dtypes L] [--without L] [--only L] [--timeout S] ...
 //   oasis-verify help | --help | <subcommand> --help
 // Exit status: 0 everything passed, 1 a check or a comparison failed (or was left undecided), 2 usage or input error
 // (unknown option, unreadable or malformed file, missing tensor, invalid configuration).
@@ -22,6 +23,7 @@
 
 #include "oasis/verify/compare.hpp"
 #include "figures_cmd.hpp"
+#include "fuzz_cmd.hpp"
 #include "selfcheck.hpp"
 
 namespace {
@@ -32,7 +34,8 @@ const char* kMainHelp =
     "usage: oasis-verify [selfcheck] [options]      run the verification report (default)\n"
     "       oasis-verify compare CONFIG [options]    check another implementation's tensors\n"
     "       oasis-verify figures MODEL TRACE --out DIR  draw the paper's diagnostics of a model trace\n"
-    "       oasis-verify help [selfcheck|compare|figures]\n"
+    "       oasis-verify fuzz OP --cmd 'PROGRAM {in} {out}' [options]  fuzz another implementation of OP\n"
+    "       oasis-verify help [selfcheck|compare|figures|fuzz]\n"
     "\n"
     "Exit status: 0 all passed, 1 a check or comparison failed, 2 usage or input error.\n"
     "Documentation: docs/verify.md.\n";
@@ -274,10 +277,12 @@ int main(int argc, char** argv) {
   if (sub == "selfcheck") return cmd_selfcheck(rest);
   if (sub == "compare") return cmd_compare(rest);
   if (sub == "figures") return oasis::verify::cmd_figures(rest);
+  if (sub == "fuzz") return oasis::verify::cmd_fuzz(rest);
   if (sub == "help" || sub == "--help" || sub == "-h") {
     if (!rest.empty() && rest[0] == "selfcheck") { std::cout << kSelfcheckHelp; return kOk; }
     if (!rest.empty() && rest[0] == "compare") return cmd_compare({"--help"});
     if (!rest.empty() && rest[0] == "figures") return oasis::verify::cmd_figures({"--help"});
+    if (!rest.empty() && rest[0] == "fuzz") return oasis::verify::cmd_fuzz({"--help"});
     if (!rest.empty()) return usage_error("help: unknown subcommand '" + rest[0] + "'", kMainHelp);
     std::cout << kMainHelp;
     return kOk;

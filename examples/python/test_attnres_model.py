@@ -7,7 +7,8 @@ an oasis.TraceRecorder, oasis.record() calls store every step's tensors under th
 trace names (docs/verify-model.md, "Model level"); outside a recorder they cost nothing. The oracle
 then checks every tensor against what the configured model computes from the tensors it reads
 (each step in high precision on the model's own inputs, and each link of the wiring): a mistake
-is reported at the step that makes it.
+is reported at the step that makes it. test_attnres_training.py trains this model and checks its
+backward too (the routers' ``mistake`` attribute and MisroutedMix are its backward mistakes).
 
 Run: PYTHONPATH=build/python /usr/bin/python3 -m pytest examples/python/test_attnres_model.py
 """
@@ -39,29 +40,59 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight)
 
 
+class MisroutedMix(torch.autograd.Function):
+    """h = sum_i alpha_i s_i whose backward accumulates the last candidate's gradient alpha_n dh
+    into the candidate before it (a backward wiring mistake: the forward is right)."""
+
+    @staticmethod
+    def forward(ctx, alpha, s):
+        ctx.save_for_backward(alpha, s)
+        return torch.einsum("nbt,nbtd->btd", alpha, s)
+
+    @staticmethod
+    def backward(ctx, dh):
+        alpha, s = ctx.saved_tensors
+        ds = alpha[..., None] * dh[None]                  # the right gradient: alpha_i dh
+        ds[-2] += ds[-1]
+        ds[-1] = 0
+        return torch.einsum("btd,nbtd->nbt", dh, s), ds
+
+
 class Router(nn.Module):
     """Kimi pseudo-query router with OASIS coupling: g_i = w^T RMSNorm(v_i), g = g_old - beta Dpsi
-    (paper_v2 centring over the candidates with null evidence), Softmax1 over depth."""
+    (paper_v2 centring over the candidates with null evidence), beta = min(softplus(theta),
+    beta_max), Softmax1 over depth. ``mistake`` (an attribute, so that a test can put it in one
+    router) selects a backward wiring mistake; the forward stays right."""
 
     def __init__(self, d):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(d))
         self.theta = nn.Parameter(torch.full((1,), -5.0))
+        self.beta_max, self.mistake = float("inf"), None
 
     def forward(self, name, sources, kinds, psis, mistake=None):
         s = torch.stack(sources)                          # [n, B, T, d]
         psi = torch.stack(psis)                           # [n, B, T]
-        g_old = torch.einsum("nbtd,d->nbt", rms_norm(s), self.query)
+        query = self.query.detach() if self.mistake == "stop-gradient on the pseudo-query" else self.query
+        g_old = torch.einsum("nbtd,d->nbt", rms_norm(s), query)
+        coupled_psi = psi.detach() if self.mistake == "detached psi" else psi
         evidence = torch.tensor([k != "initial" for k in kinds]).view(-1, 1, 1)  # attention, headless (inherit)
         dpsi = torch.zeros_like(psi)
         if int(evidence.sum()) >= 2:
-            mean = (psi * evidence).sum(0) / evidence.sum()
-            dpsi = (psi - mean) * evidence
-        g = g_old - F.softplus(self.theta) * dpsi
+            mean = (coupled_psi * evidence).sum(0) / evidence.sum()
+            dpsi = (coupled_psi - mean) * evidence
+        softplus = F.softplus(self.theta)
+        beta = softplus.clamp(max=self.beta_max)          # an active clamp passes no gradient to theta
+        if self.mistake == "beta's clamp passes its gradient":
+            beta = softplus + (beta - softplus).detach()  # straight through: dbeta/dtheta = sigmoid(theta)
+        g = g_old - beta * dpsi
         null = torch.zeros_like(g[:1])
         w = torch.softmax(g if mistake == "no depth null" else torch.cat([g, null]), dim=0)
         alpha = w if mistake == "no depth null" else w[:-1]
-        routed = torch.einsum("nbt,nbtd->btd", alpha, s)
+        if self.mistake == "gradient into the wrong source":
+            routed = MisroutedMix.apply(alpha, s)
+        else:
+            routed = torch.einsum("nbt,nbtd->btd", alpha, s)
         for field, x in (("sources", s), ("g_old", g_old), ("psi", psi), ("g", g), ("dpsi", dpsi), ("alpha", alpha),
                          ("alpha_null", torch.zeros_like(g[0]) if mistake == "no depth null" else w[-1]),
                          ("routed", routed)):
@@ -146,6 +177,7 @@ class TinyAttnRes(nn.Module):
 
     def forward(self, ids, mistake=None):
         x0 = self.embed_tokens(ids)
+        oasis.record_grad("grad_embeddings", x0)  # with TraceRecorder(backward=True): dL/d the embedding rows
         sources, kinds, psis = [x0], ["initial"], [torch.zeros(ids.shape)]
         for b, blk in enumerate(self.layers):
             for sub, res, norm, kind in (("attn", blk.attn_res, blk.attn_norm, "attention"),

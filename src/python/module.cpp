@@ -29,4 +29,5 @@ PYBIND11_MODULE(_core, m) {
   oasis::python::bind_model(m);
   oasis::python::bind_compare(m);
   oasis::python::bind_core(m);
+  oasis::python::bind_fuzz(m);
 }

@@ -52,7 +52,8 @@ const std::vector<OpSpec>& op_specs() {
   static const std::vector<OpSpec> specs = {normalizer_op(),          attention_op(),     psi_op(),
                                             coupling_op(),            depth_op(),         pseudo_query_op(),
                                             attention_backward_op(),  psi_backward_op(),  depth_backward_op(),
-                                            pseudo_query_backward_op()};
+                                            pseudo_query_backward_op(), attention_merge_op(),
+                                            attn_res_op(),            attn_res_backward_op()};
   return specs;
 }
 
@@ -66,6 +67,10 @@ const OpSpec& op_spec(const std::string& name) {
 }  // namespace detail
 
 using namespace detail;
+
+std::vector<std::string> op_option_names(const std::string& op) { return op_spec(op).options; }
+std::vector<std::string> op_input_names(const std::string& op) { return names(op_spec(op).inputs); }
+std::vector<std::string> op_output_names(const std::string& op) { return names(op_spec(op).outputs); }
 
 std::vector<std::string> op_names() {
   std::vector<std::string> n;

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "attn_res_support.hpp"
 #include "op_model_grad.hpp"
 #include "ops.hpp"
-#include "oasis/grad/backward_prob_bounds.hpp"
 #include "oasis/grad/grad.hpp"
 #include "oasis/model/router.hpp"
 #include "oasis/model/wiring.hpp"
@@ -59,11 +59,7 @@ Tensor<double> sources_bound(const RouterStep& s, const DepthRoute<R>& f, double
                                                          DepthCotangents<T>{s.dh.cast<T>(), {}, {}}, f, nullptr, lambda, ref_u)
                          .sources;
   const Tensor<double> k =
-      lambda > 0 ? bounds::prob_pseudo_query_logits_backward_bounds(src, s.w.cast<T>(), s.gain.cast<T>(), s.dg.cast<T>(),
-                                                                    s.key_norm, lambda)
-                       .sources
-                 : bounds::pseudo_query_logits_backward_bounds(src, s.w.cast<T>(), s.gain.cast<T>(), s.dg.cast<T>(), s.key_norm)
-                       .sources;
+      keys_backward_bounds<T>(src, s.w.cast<T>(), s.gain.cast<T>(), s.dg.cast<T>(), s.key_norm, lambda, nullptr).sources;
   for (index_t i = 0; i < b.size(); ++i) b[i] += k[i];
   return b;
 }

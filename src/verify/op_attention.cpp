@@ -7,6 +7,7 @@
 #include <map>
 
 #include "attention_oracle.hpp"
+#include "op_layouts.hpp"
 #include "ops.hpp"
 #include "oasis/oasis.hpp"
 
@@ -110,6 +111,8 @@ std::string row_label(const AttnCall& c, index_t row) {
 }
 
 CompareReport run(const OpCall& call) {
+  if (thd_layout(call.options)) return thd_attention(call, run);  // packed: per-sequence dense calls of run
+  if (paged_call(call.inputs)) return paged_attention(call, run);
   const TensorMap &in = call.inputs, &out = call.outputs;
   const Options& o = call.options;
   const CompareOptions& copt = call.compare;
@@ -292,17 +295,29 @@ CompareReport run(const OpCall& call) {
 
 OpSpec attention_op() {
   OpSpec s{"attention",
-           {{"q", "[B,H,Tq,dh] (bthd: [B,Tq,H,dh])"},
-            {"k", "[B,Hkv,Tk,dh]"},
-            {"v", "[B,Hkv,Tk,dv]"},
+           {{"q", "[B,H,Tq,dh] (bthd: [B,Tq,H,dh]; thd: [total_q,H,dh])"},
+            {"k", "[B,Hkv,Tk,dh] (thd: [total_k,Hkv,dh]; absent with a paged cache)", false},
+            {"v", "[B,Hkv,Tk,dv] (thd: [total_k,Hkv,dv]; absent with a paged cache)", false},
             {"null_logits", "[H]", false},
             {"bias", "[Tq,Tk] or [B|1,H|1,Tq,Tk]", false},
-            {"mask", "as bias, 1 visible / 0 masked", false}},
-           {{"out", "[B,H,Tq,dv] (bthd: [B,Tq,H,dv])"}, {"lse", "[B,H,Tq]"}, {"p_null", "[B,H,Tq]"}, {"probs", "[B,H,Tq,Tk]"}},
+            {"mask", "as bias, 1 visible / 0 masked", false},
+            {"cu_seqlens_q", "[B+1] int32/int64 (layout thd)", false},
+            {"cu_seqlens_k", "[B+1] int32/int64 (layout thd)", false},
+            {"k_cache", "[num_blocks,block_size,Hkv,dh] (paged, instead of k)", false},
+            {"v_cache", "[num_blocks,block_size,Hkv,dv] (paged, instead of v)", false},
+            {"block_table", "[B,max_blocks] int32/int64 (paged)", false},
+            {"seq_lens", "[B] int32/int64 (paged)", false}},
+           {{"out", "[B,H,Tq,dv] (bthd: [B,Tq,H,dv]; thd: [total_q,H,dv])"},
+            {"lse", "[B,H,Tq] (thd: [H,total_q])"},
+            {"p_null", "[B,H,Tq] (thd: [H,total_q])"},
+            {"probs", "[B,H,Tq,Tk] (dense layouts only)"}},
            {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout", "lse_null", "lse_base"},
            "normalizer: softmax1 (default) | softmax; null_logits: one per query head (or input null_logits; -inf: no "
-           "null, +inf: all on it); window: sliding window W (0: none); layout: bhtd (default) | bthd;\n"
-           "                lse_null: included (default) | excluded (lse over the keys only); lse_base: e (default) | 2",
+           "null, +inf: all on it); window: sliding window W (0: none); layout: bhtd (default) | bthd | thd;\n"
+           "                lse_null: included (default) | excluded (lse over the keys only); lse_base: e (default) | 2;\n"
+           "                thd: packed sequences delimited by cu_seqlens_q/k, statistics head-major [H,total_q];\n"
+           "                paged: k_cache, v_cache, block_table, seq_lens instead of k, v (query t of sequence b sees\n"
+           "                key j <= t + seq_lens[b] - Tq under causal); both checked per sequence (docs/verify.md)",
            run};
   s.samples_rows = true;
   return s;

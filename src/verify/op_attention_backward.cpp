@@ -6,6 +6,7 @@
 #include <map>
 
 #include "lse_convention.hpp"
+#include "op_layouts.hpp"
 #include "ops.hpp"
 #include "oasis/grad/backward_prob_bounds.hpp"
 #include "oasis/grad/grad.hpp"
@@ -15,6 +16,7 @@ namespace oasis::verify::detail {
 namespace {
 
 CompareReport run(const OpCall& c) {
+  if (thd_layout(c.options)) return thd_attention_backward(c, run);  // packed: per-sequence dense calls of run
   const TensorMap &in = c.inputs, &out = c.outputs;
   const std::string op = "attention_backward";
   const StoredTensor &q = need(in, "q", op), &k = need(in, "k", op), &v = need(in, "v", op), &dout = need(in, "grad_out", op);
@@ -212,18 +214,21 @@ OpSpec attention_backward_op() {
            {"null_logits", "[H]", false},
            {"bias", "[Tq,Tk] or [B|1,H|1,Tq,Tk]", false},
            {"out", "[B,H,Tq,dv]", false},
-           {"lse", "[B,H,Tq]", false}},
+           {"lse", "[B,H,Tq]", false},
+           {"cu_seqlens_q", "[B+1] int32/int64 (layout thd)", false},
+           {"cu_seqlens_k", "[B+1] int32/int64 (layout thd)", false}},
           {{"grad_q", "[B,H,Tq,dh]"},
            {"grad_k", "[B,Hkv,Tk,dh]"},
            {"grad_v", "[B,Hkv,Tk,dv]"},
-           {"grad_null_logits", "[H]"},
+           {"grad_null_logits", "[H] (thd: [B,H] per sequence, or [H] with one sequence of queries)"},
            {"grad_bias", "shape of bias"}},
           {"normalizer", "causal", "key_lengths", "null_logits", "scale", "window", "layout", "lse_null", "lse_base"},
           "as attention, plus window (0: none) and layout (bhtd | bthd: q, k, v, grad_out and grad_q/k/v as [B,T,H,d]);\n"
           "                grad_lse, grad_p_null: incoming gradients of lse and p_null (absent: 0); grad_lse is of the\n"
           "                LSE in the convention of lse_null and lse_base (as attention);\n"
           "                out, lse: the forward's stored output and LSE (as attention) when the backward reads them\n"
-          "                (FlashAttention-2: D = rowsum(grad_out out)); absent: out may be stored in a 16-bit input type",
+          "                (FlashAttention-2: D = rowsum(grad_out out)); absent: out may be stored in a 16-bit input type;\n"
+          "                layout thd: every tensor packed as op attention's (grad_lse, grad_p_null, lse [H,total_q])",
           run};
 }
 

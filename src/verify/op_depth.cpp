@@ -1,10 +1,14 @@
-// src/verify/op_depth.cpp — ops "coupling" (g = g_old - beta Dpsi) and "depth" (the coupled depth
-// router h = sum_i alpha_i s_i) (docs/spec.md §3–4), checked token by token: the fast oracle routes each
-// token in double (the reference's own arithmetic, its worst-case bound at u = 2^-53 folded into
-// each decision), the mp50 oracle routes a one-token problem in mp50.
+// src/verify/op_depth.cpp — ops "coupling" (g = g_old - beta Dpsi), "depth" (the coupled depth
+// router h = sum_i alpha_i s_i) (docs/spec.md §3–4) and "attn_res" (the fused AttnRes routing: the
+// logits g_old = scale w^T RMSNorm(s_i) computed by the kernel itself, then depth), checked token by
+// token: the fast oracle routes each token in double (the reference's own arithmetic, its
+// worst-case bound at u = 2^-53 folded into each decision), the mp50 oracle routes a one-token
+// problem in mp50.
 #include <cmath>
+#include <functional>
 #include <map>
 
+#include "attn_res_support.hpp"
 #include "ops.hpp"
 #include "oasis/ops/error_bounds.hpp"
 #include "oasis/oasis.hpp"
@@ -30,6 +34,10 @@ struct TokenRow {
   bounds::ProbRow pr;
   std::vector<double> G1, V1, absv, hR, rho_h;
   double rho = 0;
+  /// attn_res: the logits' error's part of rb.p, rb.p_null and G1 (at u = 1), the probabilistic
+  /// bound's deterministic term
+  std::vector<double> dgp, dgh;
+  double dgp_null = 0;
 };
 
 struct DepthCall {
@@ -40,6 +48,8 @@ struct DepthCall {
   const DepthOptions& opt;
   index_t n, N, d;
   bounds::BetaBound beta1;        ///< beta and its error at u = 1
+  const Tensor<double>* g_err1 = nullptr;                ///< attn_res: the kernel's logit error at u = 1 [n, N]
+  std::function<Tensor<mp50>(index_t t)> exact_logits;   ///< attn_res: token t's exact logits [n, 1]
 };
 
 enum class Kind { h, alpha, alpha_null, g, dpsi };
@@ -47,8 +57,18 @@ enum class Kind { h, alpha, alpha_null, g, dpsi };
 /// The pieces of a token whose reference g, dpsi, alpha, alpha_null (and h) are set; the mixing
 /// sums over the sources when there are sources.
 void token_pieces(const DepthCall& c, TokenRow& r, const double* psi) {
+  std::vector<double> ge;
+  if (c.g_err1)
+    for (index_t i = 0; i < c.n; ++i) ge.push_back((*c.g_err1)(i, r.t));
   r.tb = bounds::depth_token_bound(Precision{1.0, 0.0}, c.beta1, psi, c.kinds, c.opt, r.g.data(), r.dpsi.data(),
-                                   r.alpha.data(), r.alpha_null);
+                                   r.alpha.data(), r.alpha_null, ge.empty() ? nullptr : ge.data());
+  r.dgp.assign(static_cast<std::size_t>(c.n), 0.0);
+  if (!ge.empty()) {  // the worst-case line's part from the logits' error: with it minus without it
+    const bounds::DepthTokenBound t0 = bounds::depth_token_bound(Precision{1.0, 0.0}, c.beta1, psi, c.kinds, c.opt,
+                                                                 r.g.data(), r.dpsi.data(), r.alpha.data(), r.alpha_null);
+    for (std::size_t i = 0; i < r.dgp.size(); ++i) r.dgp[i] = std::max(0.0, r.tb.rb.p[i] - t0.rb.p[i]);
+    r.dgp_null = std::max(0.0, r.tb.rb.p_null - t0.rb.p_null);
+  }
   r.pr = bounds::prob_depth_row(r.tb, c.beta1, c.opt, r.g.data(), r.dpsi.data(), r.alpha.data(), r.alpha_null);
   double rel_max = 0;
   for (double x : r.tb.rb.rel) rel_max = std::max(rel_max, x);
@@ -57,7 +77,7 @@ void token_pieces(const DepthCall& c, TokenRow& r, const double* psi) {
   const std::size_t d = static_cast<std::size_t>(c.d);
   std::vector<double> X1(d, 0.0), X2(d, 0.0), Y2(d, 0.0);
   r.G1.assign(d, 0.0);
-  r.V1 = r.absv = r.hR = r.rho_h = r.G1;
+  r.V1 = r.absv = r.hR = r.rho_h = r.dgh = r.G1;
   double sw = 0, sp = 0;
   for (index_t i = 0; i < c.n; ++i) {
     const auto iu = static_cast<std::size_t>(i);
@@ -69,6 +89,7 @@ void token_pieces(const DepthCall& c, TokenRow& r, const double* psi) {
       const double v = si[x], av = std::abs(v);
       r.V1[x] += a * av;
       r.G1[x] += gp * av;
+      r.dgh[x] += r.dgp[iu] * av;
       r.absv[x] += av;
       X1[x] += w * v;
       X2[x] += (w + a * a) * v * v;
@@ -129,6 +150,7 @@ TokenRow mp50_token(const DepthCall& c, index_t t) {
     if (c.sources)
       for (index_t x = 0; x < d; ++x) src(i, 0, x) = mp50((*c.sources)(i, t, x));
   }
+  if (c.exact_logits) g = c.exact_logits(t);
   const DepthRoute<mp50> ref = attn_res_route(src, g, ps, c.kinds, c.opt);
   auto copy = [&](const Tensor<mp50>& from, std::vector<mp50>& mp, std::vector<double>& dd, index_t count, bool column) {
     mp.resize(static_cast<std::size_t>(count));
@@ -178,7 +200,8 @@ bool judge(const DepthCall& c, const TokenRow& r, const Target& tg, index_t e, P
       };
       wc = hb(tg.pr);
       own = hb(dp);
-      prob = bounds::kSecondOrder * kLambda * tg.pr.u * r.hR[eu] + tg.pr.p_floor * r.absv[eu] + bounds::underflow_floor(tg.pr, c.n);
+      prob = bounds::kSecondOrder * (kLambda * tg.pr.u * r.hR[eu] + tg.pr.u * r.dgh[eu]) + tg.pr.p_floor * r.absv[eu] +
+             bounds::underflow_floor(tg.pr, c.n);
       mix = r.V1[eu];
       rho = r.rho_h[eu];
       flat = r.t * c.d + e;
@@ -189,7 +212,7 @@ bool judge(const DepthCall& c, const TokenRow& r, const Target& tg, index_t e, P
       if (r.exact) exact = &r.alpha_mp[eu];
       wc = tg.pr.u * r.tb.rb.p[eu] + tg.pr.p_floor;
       own = dp.u * r.tb.rb.p[eu] + dp.p_floor;
-      prob = bounds::kSecondOrder * kLambda * tg.pr.u * r.pr.p[eu] + tg.pr.p_floor;
+      prob = bounds::kSecondOrder * kLambda * tg.pr.u * r.pr.p[eu] + tg.pr.u * r.dgp[eu] + tg.pr.p_floor;
       flat = e * c.N + r.t;
       break;
     case Kind::alpha_null:
@@ -198,7 +221,7 @@ bool judge(const DepthCall& c, const TokenRow& r, const Target& tg, index_t e, P
       if (null) {
         wc = tg.pr.u * r.tb.rb.p_null + tg.pr.p_floor;
         own = dp.u * r.tb.rb.p_null + dp.p_floor;
-        prob = bounds::kSecondOrder * kLambda * tg.pr.u * r.pr.p_null + tg.pr.p_floor;
+        prob = bounds::kSecondOrder * kLambda * tg.pr.u * r.pr.p_null + tg.pr.u * r.dgp_null + tg.pr.p_floor;
       } else {
         prob = 0;
       }
@@ -224,6 +247,9 @@ bool judge(const DepthCall& c, const TokenRow& r, const Target& tg, index_t e, P
   return chk.add(flat, ref,
                  allowed_terms(tg.got->dtype, policy, wc, prob, tg.kind == Kind::h ? mix : 0.0, r.exact ? 0.0 : rho, tg.in));
 }
+
+CompareReport route_report(const std::string& op, const DepthCall& c, const std::map<std::string, std::pair<Kind, Shape>>& known,
+                           const TensorMap& out, const CompareOptions& copt, DType in16);
 
 CompareReport run_depth(const std::string& op, const OpCall& call) {
   const TensorMap &in = call.inputs, &out = call.outputs;
@@ -263,6 +289,14 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
     known["alpha"] = {Kind::alpha, {n, N}};
     known["alpha_null"] = {Kind::alpha_null, {N}};
   }
+  return route_report(op, c, known, out, copt, input16({coupling_only ? DType::f32 : need(in, "sources", op).dtype, g_old.dtype}));
+}
+
+/// Judges the outputs of `out` named in `known` token by token (the fast oracle, then mp50 for the
+/// tokens it leaves undecided; `in16`: the inputs' 16-bit type).
+CompareReport route_report(const std::string& op, const DepthCall& c, const std::map<std::string, std::pair<Kind, Shape>>& known,
+                           const TensorMap& out, const CompareOptions& copt, DType in16) {
+  const index_t n = c.n, N = c.N, d = c.d;
   CompareReport rep;
   rep.op = op;
   std::vector<Target> targets;
@@ -275,7 +309,7 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
       continue;
     }
     targets.push_back({it->second.first, name, &t, t.dtype == DType::f64 ? Precision::flushing<double>() : Precision::flushing<float>(),
-                       input16({coupling_only ? DType::f32 : need(in, "sources", op).dtype, g_old.dtype})});
+                       in16});
     slot.push_back(rep.tensors.size());
     rep.tensors.emplace_back();
   }
@@ -339,7 +373,34 @@ CompareReport run_depth(const std::string& op, const OpCall& call) {
   return rep;
 }
 
+/// Op attn_res: the logits computed per token (double for the fast oracle, mp50 for the exact
+/// one), their error at u = 1 entering the depth bounds as an error already in g_old.
+CompareReport run_attn_res(const OpCall& call) {
+  const AttnResCall a = attn_res_call(call, "attn_res");
+  const Tensor<double> g = attn_res_logits<double>(a), err1 = attn_res_logit_err1(a);
+  DepthCall c{&a.sources->values, g, a.psi, a.kinds, a.depth, a.n, a.N, a.d, bounds::beta_bound(a.depth, 1.0)};
+  c.g_err1 = &err1;
+  c.exact_logits = [&a](index_t t) { return attn_res_token_logits<mp50>(a, t); };
+  const std::map<std::string, std::pair<Kind, Shape>> known = {
+      {"h", {Kind::h, {a.N, a.d}}}, {"alpha", {Kind::alpha, {a.n, a.N}}}, {"alpha_null", {Kind::alpha_null, {a.N}}}};
+  return route_report("attn_res", c, known, call.outputs, call.compare, a.in16);
+}
+
 }  // namespace
+
+OpSpec attn_res_op() {
+  std::vector<std::string> keys = kDepthOptionKeys;
+  keys.insert(keys.end(), {"eps", "scale"});
+  OpSpec s{"attn_res",
+          {{"sources", "[n,N,d]"}, {"w", "[d]"}, {"gain", "[d]", false}, {"psi", "[n,N]", false}},
+          {{"h", "[N,d]"}, {"alpha", "[n,N]"}, {"alpha_null", "[N]"}},
+          keys,
+          "fused AttnRes (fla's naive_attnres): g_i = scale w^T RMSNorm(s_i) (eps 1e-6, scale 1), then depth;\n"
+          "                normalizer softmax (default, fla) | softmax1; coupling defaults to whether psi is given",
+          [](const OpCall& c) { return run_attn_res(c); }};
+  s.samples_rows = true;
+  return s;
+}
 
 OpSpec coupling_op() {
   OpSpec s{"coupling",

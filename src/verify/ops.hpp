@@ -21,6 +21,14 @@ OpSpec attention_backward_op();
 OpSpec psi_backward_op();
 OpSpec depth_backward_op();
 OpSpec pseudo_query_backward_op();
+OpSpec attention_merge_op();
+OpSpec attn_res_op();
+OpSpec attn_res_backward_op();
+
+/// Op attention_merge's form B (op_attention_merge_split.cpp): a split-KV kernel's partials judged
+/// as op attention split by split (plain softmax over each split's keys; with sink_in "split0",
+/// split 0 as Softmax1), and its merged out, lse, p_null as op attention on the full inputs.
+CompareReport attention_merge_split_report(const OpCall& call, const std::string& sink_in, bool parts_base2);
 
 /// Op depth_backward on DepthOptions and kinds given directly (the model level's local backward
 /// steps of the routers, op_model_grad.cpp).

@@ -298,7 +298,8 @@ TEST(VerifyCompare, UnusableConfigurationsAreClearErrors) {
   sinks.emplace("sinks", io::StoredTensor{io::DType::f32, Tensor<double>({4})});
   io::write_safetensors(dir + "/sinks.safetensors", sinks);
   expect_error(R"({"op": "attention", "inputs": "sinks.safetensors", "outputs": "outputs.safetensors"})",
-               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits, bias, mask)");
+               "unknown input tensor 'sinks' for op attention (inputs: q, k, v, null_logits, bias, mask, cu_seqlens_q, "
+               "cu_seqlens_k, k_cache, v_cache, block_table, seq_lens)");
   // key_lengths of the wrong size: the oracle's own argument check names it
   expect_error(R"({"op": "attention", "inputs": "inputs.safetensors", "outputs": "outputs.safetensors", "options": {"key_lengths": [1]}})",
                "key_lengths");

@@ -242,6 +242,10 @@ TEST_F(Hostile, Configurations) {
   const std::string d = dir_;
   write_text(d + "/unknown_op.json", "{\"op\": \"atention\", \"inputs\": {}, \"outputs\": {}}");
   write_text(d + "/not_object.json", "[1, 2, 3]");
+  write_text(d + "/thd_float_offsets.json",
+             "{\"op\": \"attention\", \"inputs\": {\"q\": \"q.npy\", \"k\": \"k.npy\", \"v\": \"v.npy\", "
+             "\"cu_seqlens_q\": \"q.npy\", \"cu_seqlens_k\": \"q.npy\"}, \"outputs\": {\"out\": \"out.npy\"}, "
+             "\"options\": {\"layout\": \"thd\"}}");
   const std::vector<Case> cases = {
       {"unknown_op", {d + "/unknown_op.json"}, "atention"},
       {"config_not_an_object", {d + "/not_object.json"}, "must be a JSON object"},
@@ -253,6 +257,9 @@ TEST_F(Hostile, Configurations) {
       {"scale_nan_text", {attention_config("k6", "q.npy", "{\"scale\": \"nan\"}")}, "scale"},
       {"model_key_on_other_op", {attention_config("k7", "q.npy", "{}", ", \"model\": \"model.safetensors\"")},
        "belongs to op model only"},
+      // packed (THD) metadata: the offsets missing, or given as a float tensor
+      {"thd_without_offsets", {attention_config("k8", "q.npy", "{\"layout\": \"thd\"}")}, "cu_seqlens_q"},
+      {"thd_float_offsets", {d + "/thd_float_offsets.json"}, "must be an integer tensor"},
   };
   for (const Case& c : cases) expect_refused(c, d);
 }

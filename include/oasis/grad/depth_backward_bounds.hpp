@@ -80,6 +80,10 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
   // u16 n16 whatever the policy: per event, in det (in T's u for the worst case, which the certain
   // line scales to u16)
   const double sub16 = u16 > 0 && n16 > 0 ? n16 * (prob ? u16 : u) : 0.0;
+  // likewise in T: a weight below T's smallest normal (e^x of a very negative coupled logit) is off
+  // by up to p_floor (the exp's ulp and the division's half ulp of denorm_min) whatever its size,
+  // a relative error the u-model does not hold; it reaches dg_i through |w_i| and dh_c
+  const double subT = pr.p_floor;
   auto plus_own = [](Err e, Err own) { return Err{e.det + own.det, std::hypot(e.r, own.r)}; };  // independent events
   auto fin = [&](const Err& e) { return kSecondOrder * (e.det + lu * e.r) + pr.p_floor; };
   if (st16)  // the forward in 16 bits too: its worst-case errors (and the kink zones) at u16
@@ -184,7 +188,10 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       double sumda = std::abs(dan) + 5.0;
       if (sub16 > 0)
         for (std::size_t r = 0; r < nn; ++r) sumda += std::abs(da[r]);
-      const double det_own = a * (E[ii].det + EaD + eD.det) + own3.det + sub16 * (std::abs(w) + sumda);
+      double sumdaT = std::abs(dan);
+      for (std::size_t r = 0; r < nn; ++r) sumdaT += std::abs(da[r]);
+      const double det_own =
+          a * (E[ii].det + EaD + eD.det) + own3.det + sub16 * (std::abs(w) + sumda) + subT * (std::abs(w) + a * sumdaT);
       Err G{A * std::abs(w) + a * W + det_own, std::sqrt(R2own)};  // the weights' error worst case
       if (prob) {
         const double wR = AR[ii] * std::abs(w) + a * WR;  // the weights' events (coherent), probabilistic
@@ -194,7 +201,8 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       for (index_t c = 0; c < dim; ++c) {  // alpha_i dh_c: the product (and alpha_i stored in 16 bits)
         const double hc = std::abs(D(d.h(t, c)));
         const double own = st16 ? u16 * (m16(a) * hc + m16(a * hc)) : u * a * hc;
-        b.sources(i, t, c) = kSecondOrder * ((prob ? std::min(A, lu * AR[ii]) : A) * hc + own + sub16 * (hc + 1.0)) + pr.p_floor;
+        b.sources(i, t, c) =
+            kSecondOrder * ((prob ? std::min(A, lu * AR[ii]) : A) * hc + own + sub16 * (hc + 1.0) + subT * hc) + pr.p_floor;
       }
       if (!opt.coupling) {
         dx[ii] = dg;

@@ -70,6 +70,12 @@ TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got
 /// The names of the ops the engine knows.
 std::vector<std::string> op_names();
 
+/// The option keys, input and output tensor names of op-level `op` (an unknown op is an error
+/// naming it).
+std::vector<std::string> op_option_names(const std::string& op);
+std::vector<std::string> op_input_names(const std::string& op);
+std::vector<std::string> op_output_names(const std::string& op);
+
 /// The ops with their input and output tensor names and options (for --help and docs).
 std::string describe_ops();
 

@@ -9,6 +9,13 @@ exactly the verdicts of ``oasis-verify compare``::
 
     oasis.check_model("model.safetensors", trace, ids=ids).assert_ok()
 
+Fuzz your kernel through the regimes where sink bugs live (sinks far above the logits, fully masked
+rows, lengths at tile boundaries, ...), each run checked, the first failure shrunk and written as a
+replay folder for ``oasis-verify compare``::
+
+    oasis.fuzz(my_attention, "attention", backward=True, tensors="torch",
+               dtypes=("float32", "bfloat16"), without=("key_lengths", "window")).assert_ok()
+
 and compute the oracle's functions on NumPy arrays in float32 or float64, bit for bit as the
 C++ library: softmax1, normalize, token_attention, null_statistic, null_statistic_from_mass,
 couple_depth_logits, attn_res_route, pseudo_query_logits, Model.forward.
@@ -27,14 +34,16 @@ from . import _arrays, _core
 from . import trace as _trace
 from ._arrays import InvalidArgument, bf16, fail as _fail
 from ._figures import figures
+from ._fuzz import FuzzReport, FuzzTimeout, fuzz, fuzz_features, fuzz_regimes
 from ._progress import progress_callback as _progress_callback
-from .trace import TRACE_FIELDS, TraceRecorder, record
+from .trace import GRAD_FIELDS, TRACE_FIELDS, TraceRecorder, record, record_grad, trace_scope
 
 __all__ = [
     "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops", "config_fields",
     "softmax1", "normalize", "token_attention", "null_statistic", "null_statistic_from_mass",
     "couple_depth_logits", "attn_res_route", "pseudo_query_logits",
-    "TraceRecorder", "record", "TRACE_FIELDS", "figures",
+    "TraceRecorder", "record", "record_grad", "trace_scope", "TRACE_FIELDS", "GRAD_FIELDS", "figures",
+    "fuzz", "fuzz_regimes", "fuzz_features", "FuzzReport", "FuzzTimeout",
 ]
 
 
@@ -140,17 +149,21 @@ def check(op, inputs, outputs, options=None, policy=None, progress=None, **compa
                                _progress_callback(progress)))
 
 
-def check_model(model, trace, ids=None, options=None, policy=None, progress=None, **compare):
+def check_model(model, trace, ids=None, options=None, policy=None, progress=None, grad_logits=None, **compare):
     """Check a model trace (docs/verify-model.md, "Model level").
 
     ``model``: a weights file of oasis::model::save_model (path), an ``oasis.Model``, or a pair
     ``(config, weights)`` (see Model). ``trace``: dict name -> tensor (logits, state,
-    ``<sublayer>.<field>``) or a TraceRecorder; a name that is not documented (oasis.TRACE_FIELDS)
+    ``<sublayer>.<field>``; gradients ``grad.<parameter>``, ``grad_state``, ``grad_embeddings``,
+    ``<sublayer>.grad_<field>`` with ``grad_logits``) or a TraceRecorder (finished: see
+    TraceRecorder.finish); a name that is not documented (oasis.TRACE_FIELDS, oasis.GRAD_FIELDS)
     is an error, a documented one that this model does not check is noted in the report.
-    ``ids`` [B, T]: the token ids (integers); when None, ``trace["ids"]``. ``progress`` as for
-    check(). Returns a Report."""
+    ``ids`` [B, T]: the token ids (integers); when None, ``trace["ids"]``. ``grad_logits``
+    [B, T, vocab]: the dL/dlogits the gradients were back-propagated from (an input of the
+    check); when None, ``trace["grad_logits"]`` if present. ``progress`` as for check(). Returns a
+    Report."""
     if isinstance(trace, TraceRecorder):
-        trace = trace.trace
+        trace = trace.finish().trace
     if not isinstance(trace, dict):
         _fail("trace", f"expected a dict {{name: tensor}} or a TraceRecorder, got {type(trace).__name__}")
     trace = dict(trace)
@@ -162,7 +175,11 @@ def check_model(model, trace, ids=None, options=None, policy=None, progress=None
         trace.pop("ids", None)
     for name in trace:
         _trace.split_name(name)  # a name that is not documented is a typo, not a tensor to ignore
+    grad_logits = trace.pop("grad_logits", None) if grad_logits is None else grad_logits
+    trace.pop("grad_logits", None)
     inputs = {"ids": _arrays.token_ids(ids)}
+    if grad_logits is not None:  # an input of the check: the gradients are the backward from it
+        inputs["grad_logits"] = _arrays.stored(grad_logits, "grad_logits")
     tr = _arrays.tensor_map(trace, "trace")
     opts, comp, prog = _json_text(options, "options"), _compare_options(policy, compare), _progress_callback(progress)
     if isinstance(model, (str, _os.PathLike)):

@@ -1,0 +1,83 @@
+// src/verify/attn_res_support.hpp — what the fused AttnRes ops (attn_res in op_depth.cpp,
+// attn_res_backward in op_attn_res_backward.cpp) and the model level's Kimi router steps
+// (model_grad_steps.cpp) share: a fused call's inputs, its logits g = scale w^T RMSNorm(s) and
+// their error, and the keys' part of grad_sources with its bounds (docs/tolerances.md, "Fused
+// AttnRes routing").
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "oasis/grad/backward_prob_bounds.hpp"
+#include "oasis/grad/grad.hpp"
+#include "oasis/ops/error_bounds.hpp"
+#include "op_support.hpp"
+
+namespace oasis::verify::detail {
+
+/// A fused AttnRes call: sources [n, N, d], the pseudo-query w [d], the RMSNorm gain [d] (empty:
+/// none), psi [n, N] (zeros without coupling), the options.
+struct AttnResCall {
+  const StoredTensor* sources = nullptr;
+  const StoredTensor* w = nullptr;
+  Tensor<double> gain, psi;
+  KeyNormOptions key_norm;
+  double scale = 1.0;
+  DepthOptions depth;
+  std::vector<SourceKind> kinds;
+  index_t n = 0, N = 0, d = 0;
+  DType in16 = DType::f32;  ///< the 16-bit type of sources, w or gain, else f32
+};
+
+/// The inputs and options of op `op` (attn_res, attn_res_backward), every inconsistency a named
+/// error before anything is allocated. Defaults: fla's AttnRes (normalizer softmax, eps 1e-6,
+/// scale 1); coupling defaults to whether psi is given.
+AttnResCall attn_res_call(const OpCall& c, const std::string& op);
+
+/// The logits scale w^T RMSNorm(s_i) computed in T ([n, N]).
+template <class T>
+Tensor<T> attn_res_logits(const AttnResCall& a) {
+  Tensor<T> g = pseudo_query_logits(a.sources->values.cast<T>(), a.w->values.cast<T>(),
+                                    a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.key_norm);
+  for (index_t i = 0; i < g.size(); ++i) g[i] = g[i] * T(a.scale);
+  return g;
+}
+
+/// Token t's logits in T ([n, 1]).
+template <class T>
+Tensor<T> attn_res_token_logits(const AttnResCall& a, index_t t) {
+  Tensor<T> s({a.n, 1, a.d});
+  for (index_t i = 0; i < a.n; ++i)
+    for (index_t c = 0; c < a.d; ++c) s(i, 0, c) = T(a.sources->values(i, t, c));
+  Tensor<T> g = pseudo_query_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.key_norm);
+  for (index_t i = 0; i < g.size(); ++i) g[i] = g[i] * T(a.scale);
+  return g;
+}
+
+/// The bound of the logits' error per unit roundoff ([n, N]): |scale| times the pseudo-query
+/// logits' bound, plus the scale's product. That bound holds the dot product's (d + 3) u sum_c
+/// |w_c y_c| alone, so 1/(d + 3) of it bounds u |scale| sum_c |w_c y_c| >= u |g|: the rounding of
+/// scale times the logit, or of scale folded into w (fla) or into the normalised keys.
+Tensor<double> attn_res_logit_err1(const AttnResCall& a);
+
+/// The bounds of pseudo_query_logits_backward<T> with an incoming dg whose error is bounded by
+/// `dg_err` (optional): lambda = 0 the worst-case line; lambda > 0 the probabilistic bound of the
+/// backward's own events plus dg's error as a deterministic term (the map is linear in dg: the
+/// worst-case propagation at dg = 0).
+template <class T>
+bounds::PseudoQueryBackwardBounds keys_backward_bounds(const Tensor<T>& src, const Tensor<T>& w, const Tensor<T>& gain,
+                                                       const Tensor<T>& dg, const KeyNormOptions& k, double lambda,
+                                                       const Tensor<double>* dg_err) {
+  if (lambda <= 0) return bounds::pseudo_query_logits_backward_bounds(src, w, gain, dg, k, dg_err);
+  bounds::PseudoQueryBackwardBounds b = bounds::prob_pseudo_query_logits_backward_bounds(src, w, gain, dg, k, lambda);
+  if (dg_err) {
+    const bounds::PseudoQueryBackwardBounds e =
+        bounds::pseudo_query_logits_backward_bounds(src, w, gain, Tensor<T>(dg.shape()), k, dg_err);
+    for (index_t i = 0; i < b.sources.size(); ++i) b.sources[i] += e.sources[i];
+    for (index_t i = 0; i < b.w.size(); ++i) b.w[i] += e.w[i];
+    for (index_t i = 0; i < b.gain.size(); ++i) b.gain[i] += e.gain[i];
+  }
+  return b;
+}
+
+}  // namespace oasis::verify::detail

@@ -177,7 +177,10 @@ def test_the_name_map_records_a_trace_that_passes(model):
     report = oasis.check_model((CONFIG, weights(model)), rec, ids=IDS)
     print(report)
     report.assert_ok()
-    assert len(report.rows) == 27  # 5 routers x (sources, psi, g_old, routed), 4 outputs, 2 psi, logits
+    # 5 routers x (sources, psi, g_old, routed), 4 outputs, 2 psi, logits; and the 4 outputs' end-to-end
+    # rows (the trace lacks their sublayers' inputs)
+    assert len(report.rows) == 31
+    assert sum(r["name"].endswith(" (end to end)") for r in report.rows) == 4
 
 
 def test_recording_the_module_argument_as_input_fails(model):

@@ -63,13 +63,18 @@ Tensor<double> attn_res_logit_err1(const AttnResCall& a);
 /// The bounds of pseudo_query_logits_backward<T> with an incoming dg whose error is bounded by
 /// `dg_err` (optional): lambda = 0 the worst-case line; lambda > 0 the probabilistic bound of the
 /// backward's own events plus dg's error as a deterministic term (the map is linear in dg: the
-/// worst-case propagation at dg = 0).
+/// worst-case propagation at dg = 0). `r16` > 1: every intermediate stored in a 16-bit input type
+/// of unit roundoff r16 u_T, each event of the probabilistic part r16 times larger (values below
+/// that type's smallest normal, off by an absolute u16 n16, are not modelled).
 template <class T>
 bounds::PseudoQueryBackwardBounds keys_backward_bounds(const Tensor<T>& src, const Tensor<T>& w, const Tensor<T>& gain,
                                                        const Tensor<T>& dg, const KeyNormOptions& k, double lambda,
-                                                       const Tensor<double>* dg_err) {
+                                                       const Tensor<double>* dg_err, double r16 = 1.0) {
   if (lambda <= 0) return bounds::pseudo_query_logits_backward_bounds(src, w, gain, dg, k, dg_err);
   bounds::PseudoQueryBackwardBounds b = bounds::prob_pseudo_query_logits_backward_bounds(src, w, gain, dg, k, lambda);
+  if (r16 > 1)
+    for (Tensor<double>* x : {&b.sources, &b.w, &b.gain})
+      for (index_t i = 0; i < x->size(); ++i) (*x)[i] *= r16;
   if (dg_err) {
     const bounds::PseudoQueryBackwardBounds e =
         bounds::pseudo_query_logits_backward_bounds(src, w, gain, Tensor<T>(dg.shape()), k, dg_err);

@@ -57,7 +57,8 @@ struct Cot {
 /// the depth backward with the logits' error e_g = u err1 already in g_old; under the
 /// probabilistic policy (lambda > 0) its own events plus, deterministic, the part of its
 /// worst-case line that e_g adds (with e_g minus without); then the keys' backward with dg's
-/// error |scale| B(dg_old) + u |dg| (the product) chained (keys_backward_bounds).
+/// error |scale| B(dg_old) + u |dg| (the product) chained (keys_backward_bounds; its events at
+/// u16 when the inputs are 16-bit, as the depth backward's).
 template <class T, class R>
 BoundMap chain_bounds(const AttnResCall& a, const Cot& cot, const Tensor<double>& err1, const Chain<R>& c, double lambda,
                       double ref_u, double u16, double n16) {
@@ -87,7 +88,7 @@ BoundMap chain_bounds(const AttnResCall& a, const Cot& cot, const Tensor<double>
     edg[i] = std::abs(a.scale) * edg[i] + bounds::kSecondOrder * u * std::abs(static_cast<double>(c.dg[i]));
   const bounds::PseudoQueryBackwardBounds kb =
       keys_backward_bounds<T>(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(),
-                              c.dg.template cast<T>(), a.key_norm, lambda, &edg);
+                              c.dg.template cast<T>(), a.key_norm, lambda, &edg, u16 > u ? u16 / u : 1.0);
   Tensor<double> src = db.sources, edge({static_cast<index_t>(db.kink_edge.size())});
   for (index_t i = 0; i < src.size(); ++i) src[i] += kb.sources[i];
   for (index_t t = 0; t < edge.size(); ++t) edge[t] = db.kink_edge[static_cast<std::size_t>(t)];

@@ -7,22 +7,27 @@
 //                                    grad_input, grad_output, grad_routed, grad_branch_psi,
 //                                    grad_sources, grad_g_old, grad_psi
 // Reference: the oracle's backward (oasis::model::model_backward) from the same ids, weights and
-// grad_logits, in mp50 (x_hp) and replayed in the tensor's precision three times (x_ref,k: Model<double>
-// for f64, Model<float> for f32), under round-to-nearest, upward and downward rounding. A gradient is
-// the end of the whole model's chain, so no composed first-order bound is non-vacuous (docs/model.md);
-// the verdict is the backends' parity rule (docs/tolerances.md item 4) per row — the last axis; a
-// rank <= 1 tensor is one row — in the infinity norm:
+// grad_logits, in mp50 (x_hp), and six plain replays in the tensor's precision (x_ref,k: Model<double>
+// for f64, Model<float> for f32). A gradient is the end of the whole model's chain, so no composed
+// first-order bound is non-vacuous (docs/model.md); the verdict is the backends' parity rule
+// (docs/tolerances.md item 4) per row — the last axis; a rank <= 1 tensor is one row — in the
+// infinity norm, against the largest of the six replays' row errors:
 //   max_row |x - x_hp| <= 2 max_k max_row |x_ref,k - x_hp| + floor,
 //   floor = 0.5 ulp_D(max_row |x_hp|) + 2 * 1.02 N u_D max_row |x_hp|
 // (N = B T positions: the rounding of the final accumulation over the positions at the result's
-// size). Why three replays: a row's error is, to first order, sum_k S_k delta_k over every rounding
-// delta_k of the whole chain (S_k its sensitivity); one evaluation realises one sample of that sum,
-// which on a short row whose terms cancel can be far below another order's (a torch model: 333 ulps
-// against the nearest replay's 10 on a router's grad_g_old whose own step is off by 1.3 ulps).
-// The directed replays round every operation of the same formulas one way (|delta_k| up to one ulp,
-// of one sign): two more realisations of that sum, so a row is judged against the largest of three
-// (docs/verify-model.md, "Model gradients"). f16/bf16 gradients are rejected (no plain replay in those
-// precisions is defined).
+// size). The replays: the backward (its forward recomputation included) rounding to nearest, upward
+// and downward, each from dl whole and as backward(hi) + backward(lo) with dl = hi + lo split
+// exactly (split_cotangent; the backward is linear in its cotangent, so this is the same gradient,
+// rounded differently). Why six: a row's error is, to first order, sum_j S_j delta_j over every
+// rounding of the chain, forward included; one replay realises one such sum, which on a short row
+// whose terms cancel can be far below another implementation's (a torch model's router grad_g_old:
+// 5.3 x the allowance from the nearest replay alone, 100-333 ulps end to end, while its own step is
+// within 1.3 ulps: the error is the forward's and the upstream cotangents', not the row's last
+// sums, so no bound of the last steps covers it). The directed replays round every operation one
+// way (|delta_j| < 1 ulp, one sign): their row errors do not cancel by chance, and they re-realise
+// the forward, which the split (backward only) does not (docs/verify-model.md, "Model gradients",
+// has the measurements). Still a parity rule, not a bound. f16/bf16 gradients are rejected (no
+// plain replay in those precisions is defined).
 #include "op_model_grad.hpp"
 
 #include <algorithm>
@@ -30,6 +35,8 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "op_support.hpp"
 #include "oasis/grad/model_backward.hpp"
@@ -103,7 +110,7 @@ std::string known_names(const om::ModelGrads<mp50>& g) {
 
 /// The parity rule per row (header comment) of one gradient tensor.
 template <class T>
-TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, const std::vector<const Tensor<T>*>& refs,
+TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, const std::vector<Tensor<T>>& refs,
                          const Tensor<mp50>& hp, index_t N, int show) {
   if (got.values.shape() != hp.shape())
     return tensor_failure(name, got,
@@ -125,7 +132,7 @@ TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, c
       const double e = std::abs(x - h);
       if (std::isnan(e)) nan = true;
       if (e > err || std::isnan(e)) { err = e; worst_i = i; }
-      for (const Tensor<T>* ref : refs) ref_err = std::max(ref_err, std::abs(static_cast<double>((*ref)[i]) - h));
+      for (const Tensor<T>& ref : refs) ref_err = std::max(ref_err, std::abs(static_cast<double>(ref[i]) - h));
       mag = std::max(mag, std::abs(h));
       r.max_abs = std::max(r.max_abs, std::isfinite(e) ? e : r.max_abs);
       if (h != 0 && std::isfinite(e)) r.max_rel = std::max(r.max_rel, e / std::abs(h));
@@ -164,23 +171,61 @@ class RoundingMode {
   int old_;
 };
 
-/// The plain replay in T (weights and grad_logits already in T: exact, done under the default
-/// rounding) under round-to-nearest, upward and downward rounding (header comment).
+/// grad_logits split exactly into dl = hi + lo: hi keeps the leading 12 of float's 24 (26 of
+/// double's 53) significand bits, lo = dl - hi is exact (it fits in the bits hi dropped).
 template <class T>
-std::vector<om::ModelGrads<T>> replays(const om::Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
-                                       const Tensor<T>& dl) {
-  std::vector<om::ModelGrads<T>> out;
+std::pair<Tensor<T>, Tensor<T>> split_cotangent(const Tensor<T>& dl) {
+  const int bits = std::is_same<T, float>::value ? 12 : 26;
+  std::pair<Tensor<T>, Tensor<T>> s{dl, dl};
+  for (index_t i = 0; i < dl.size(); ++i) {
+    int e = 0;
+    const T m = std::frexp(dl[i], &e);  // dl = m 2^e, 0.5 <= |m| < 1
+    s.first[i] = std::ldexp(std::trunc(std::ldexp(m, bits)), e - bits);
+    s.second[i] = dl[i] - s.first[i];
+  }
+  return s;
+}
+
+/// The six realisations of the plain replay in T (header comment): each rounding direction, of dl
+/// whole and of hi and lo (summed by replay_tensors). split[k]: whether lo[k] is a realisation's
+/// second half.
+template <class T>
+struct Replays {
+  std::vector<om::ModelGrads<T>> first, lo;
+  std::vector<bool> split;
+};
+
+/// The caller casts the weights and grad_logits to T, and the split runs, under the default
+/// rounding; only the backward itself (its forward recomputation included) runs under each
+/// rounding direction.
+template <class T>
+Replays<T> replays(const om::Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn, const Tensor<T>& dl) {
+  const auto [hi, lo] = split_cotangent(dl);
+  Replays<T> out;
   for (int mode : {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD}) {
     const RoundingMode rm(mode);
-    out.push_back(om::model_backward(m, ids, B, Tn, dl));
+    out.first.push_back(om::model_backward(m, ids, B, Tn, dl));
+    out.lo.emplace_back();
+    out.split.push_back(false);
+    out.first.push_back(om::model_backward(m, ids, B, Tn, hi));
+    out.lo.push_back(om::model_backward(m, ids, B, Tn, lo));
+    out.split.push_back(true);
   }
   return out;
 }
 
+/// The tensor `name` of every realisation (a split one: backward(hi) + backward(lo), rounded to T).
 template <class T>
-std::vector<const Tensor<T>*> replay_tensors(const std::vector<om::ModelGrads<T>>& g, const std::string& name) {
-  std::vector<const Tensor<T>*> out;
-  for (const auto& r : g) out.push_back(find_gradient(r, name));
+std::vector<Tensor<T>> replay_tensors(const Replays<T>& g, const std::string& name) {
+  std::vector<Tensor<T>> out;
+  for (std::size_t k = 0; k < g.first.size(); ++k) {
+    Tensor<T> x = *find_gradient(g.first[k], name);
+    if (g.split[k]) {
+      const Tensor<T>& lo = *find_gradient(g.lo[k], name);
+      for (index_t i = 0; i < x.size(); ++i) x[i] += lo[i];
+    }
+    out.push_back(std::move(x));
+  }
   return out;
 }
 
@@ -232,8 +277,8 @@ void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>&
                   "the tensor's precision)");
     need[d] = true;
   }
-  std::vector<om::ModelGrads<float>> ref32;
-  std::vector<om::ModelGrads<double>> ref64;
+  Replays<float> ref32;
+  Replays<double> ref64;
   if (need.count(io::DType::f32)) ref32 = replays(m.cast<float>(), ids, B, Tn, dl.cast<float>());
   if (need.count(io::DType::f64)) ref64 = replays(m.cast<double>(), ids, B, Tn, dl);
   const index_t N = B * Tn;
@@ -247,7 +292,8 @@ void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>&
   checked.insert("grad_logits");
   check_router_backward_steps(m, N, outputs, opt, rep, step_of);
   rep.notes.push_back("gradients: end-to-end parity per row against the oracle's backward from grad_logits, replayed in "
-                      "the tensor's precision rounding to nearest, upward and downward (docs/verify.md, \"Model gradients\")");
+                      "the tensor's precision six times (rounding to nearest, upward, downward; grad_logits whole "
+                      "and split) (docs/verify-model.md, \"Model gradients\")");
 }
 
 }  // namespace oasis::verify::detail

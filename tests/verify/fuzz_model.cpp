@@ -6,7 +6,8 @@
 //                    parse_model<double> (what load_model runs on a file's bytes);
 //   first byte odd:  the rest is a compare configuration (JSON), run by compare_config against a
 //                    directory of small valid tensors and a tiny model written at start-up
-//                    (q, k, v, out .npy; model.safetensors, ids.npy, logits.npy).
+//                    (q, k, v, out .npy; model.safetensors, ids.npy, logits.npy; packed, paged and
+//                    split-KV tensors with their metadata: cu_q, cu_k, block_table, seq_lens).
 // Built with clang++ -fsanitize=fuzzer,address against the project's libraries
 // (tests/verify/CMakeLists.txt, scripts/fuzz-loaders.sh).
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "oasis/io/json.hpp"
 #include "oasis/io/npy.hpp"
@@ -41,6 +43,21 @@ void write_fixture() {
   om::save_model(om::Model<double>::initialized(cfg, 1), g_dir + "/model.safetensors");
   oio::write_npy(g_dir + "/ids.npy", oio::StoredTensor{oio::DType::i64, oasis::Tensor<double>({1, 2}, 1.0)});
   oio::write_npy(g_dir + "/logits.npy", oio::StoredTensor{oio::DType::f32, oasis::Tensor<double>({1, 2, 4}, 0.0)});
+  // packed (THD) and paged layouts, split-KV partials: metadata the configurations may misuse
+  auto f32 = [&](const char* n, oasis::Shape s) { oio::write_npy(g_dir + "/" + n, oio::StoredTensor{oio::DType::f32, oasis::Tensor<double>(s, 0.5)}); };
+  auto i32 = [&](const char* n, oasis::Shape s, std::vector<double> v) {
+    oio::write_npy(g_dir + "/" + n, oio::StoredTensor{oio::DType::i32, oasis::Tensor<double>(std::move(s), std::move(v))});
+  };
+  f32("q_packed.npy", {3, 1, 4});
+  f32("kv_packed.npy", {4, 1, 4});
+  f32("out_packed.npy", {3, 1, 4});
+  i32("cu_q.npy", {3}, {0, 1, 3});
+  i32("cu_k.npy", {3}, {0, 2, 4});
+  f32("kv_cache.npy", {2, 2, 1, 4});
+  i32("block_table.npy", {1, 2}, {0, 1});
+  i32("seq_lens.npy", {1}, {3});
+  f32("out_parts.npy", {2, 1, 1, 2, 4});
+  f32("lse_parts.npy", {2, 1, 1, 2});
 }
 }  // namespace
 

@@ -82,6 +82,43 @@ TEST(VerifyModel, FastOracleAgreesWithMp50OnAMidSizedModel) {
   }
 }
 
+// A minimal trace (sublayer outputs, branch psi, logits), as forward hooks record it. A wiring
+// mistake that scales a sublayer's output by 1.01 passes the local check (err/bound 0.45),
+// whose bound composes the router and the sublayer; the output's end-to-end row (the logits' rule on
+// that sublayer) fails (err/bound 1.8e3) and is the first wrong row, before the logits. The correct trace passes every
+// row, local and end to end, and the fast oracle gives the mp50 oracle's verdicts.
+TEST(VerifyModel, MinimalTraceNamesTheFirstWrongSublayerOutputEndToEnd) {
+  const om::ModelConfig cfg = kimi_full();
+  const om::Model<double> m = test_model(cfg, 4313);
+  const std::vector<index_t> ids = token_ids(cfg);
+  const io::TensorMap full = library_trace(as_float(m), ids, io::DType::f32);
+  const io::TensorMap minimal = only(full, {"output", "branch_psi", "logits"});
+  const std::string dir = tmp_dir("minimal_e2e");
+  const Outcome ok = compare(dir, m, minimal);
+  EXPECT_TRUE(ok.rep.passed) << verify::format_report(ok.rep);
+  index_t e2e = 0;
+  for (const auto& t : ok.rep.tensors) e2e += t.name.find(" (end to end)") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(e2e, 2 * cfg.n_blocks);  // every attention and MLP output
+  // layers.0.mlp.output scaled by 1.01 (a mis-scaled residual branch): the composed bound holds it
+  io::TensorMap bad = minimal;
+  for (double& x : bad.at("layers.0.mlp.output").values.storage()) x = static_cast<float>(1.01 * x);
+  const Outcome r = compare(dir, m, bad);
+  EXPECT_FALSE(r.rep.passed);
+  const verify::TensorReport* local = nullptr;
+  const verify::TensorReport* end = nullptr;
+  for (const auto& t : r.rep.tensors) {
+    if (t.name == "layers.0.mlp.output") local = &t;
+    if (t.name == "layers.0.mlp.output (end to end)") end = &t;
+  }
+  ASSERT_TRUE(local && end) << verify::format_report(r.rep);
+  EXPECT_TRUE(local->passed) << "the composed local bound is loose: " << local->worst_ratio;
+  EXPECT_FALSE(end->passed) << verify::format_report(r.rep);
+  ASSERT_FALSE(r.rep.notes.empty());
+  EXPECT_NE(r.rep.notes[0].find("first wrong step (forward order): layers.0.mlp.output (end to end)"), std::string::npos)
+      << r.rep.notes[0];
+  expect_same_verdicts(r.rep, compare(dir, m, bad, io::DType::f32, verify::Oracle::mp50).rep, "minimal, mis-scaled");
+}
+
 // An element placed on the certain line of its tensor (x = ref + 0.5 ulp + 2 e in float64) is left
 // undecided by the double reference (its own error is about e): that tensor, and only that one
 // more, is recomputed in mp50, and the verdicts are the mp50 oracle's.

@@ -347,7 +347,8 @@ TEST(VerifyCompare, ModelTraceIsCheckedSublayerBySublayer) {
   const std::string mcfg = R"({"op": "model", "model": "model.safetensors", "inputs": "run.safetensors", "outputs": "run.safetensors"})";
   verify::CompareReport r = run_config(dir, mcfg);
   EXPECT_TRUE(r.passed) << verify::format_report(r);
-  EXPECT_EQ(r.tensors.size(), 4u + 2u + 8u + 8u + 1u) << verify::format_report(r);  // outputs, psi, 2 routers x 8, logits
+  // outputs, psi, 2 routers x 8, logits, and the outputs' end-to-end rows (the trace lacks their inputs)
+  EXPECT_EQ(r.tensors.size(), 4u + 2u + 8u + 8u + 1u + 4u) << verify::format_report(r);
   // A routing weight of layers.1.mlp moved by 1e-3: that tensor fails, named with its index.
   out.at("layers.1.mlp.alpha").values[(2 * B + 1) * Tn + 3] += 1e-3;
   io::write_safetensors(dir + "/run.safetensors", out);

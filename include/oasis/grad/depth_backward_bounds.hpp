@@ -49,7 +49,8 @@ struct DepthBackwardBounds {
 /// Bound on |attn_res_route_backward<T>(...) - exact| per element. `ref` is the forward
 /// (attn_res_route) on the same inputs, exact (mp50) or computed with unit roundoff `ref_u`: the
 /// kink zones then widen by the error of the coupled logit that ref gives (and kink_edge is set).
-/// `g_old_err` as in depth_route_bounds. `lambda` = 0: the worst-case line; lambda > 0: the
+/// `g_old_err` as in depth_route_bounds (given, the weights' forward error is the worst case's in
+/// both modes: the probabilistic row does not hold it). `lambda` = 0: the worst-case line; lambda > 0: the
 /// probabilistic bound at that lambda, with intermediates stored at unit roundoff `u16` when > 0
 /// (`n16`: that type's smallest normal; below it the rounding is absolute, at most u16 n16).
 template <class T, class R>
@@ -193,7 +194,7 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
       const double det_own =
           a * (E[ii].det + EaD + eD.det) + own3.det + sub16 * (std::abs(w) + sumda) + subT * (std::abs(w) + a * sumdaT);
       Err G{A * std::abs(w) + a * W + det_own, std::sqrt(R2own)};  // the weights' error worst case
-      if (prob) {
+      if (prob && !g_old_err) {  // (the probabilistic row knows no error already in g_old: the worst case holds it)
         const double wR = AR[ii] * std::abs(w) + a * WR;  // the weights' events (coherent), probabilistic
         const Err Gp{det_own, std::sqrt(R2own + wR * wR)};
         if (fin(Gp) < fin(G)) G = Gp;
@@ -202,7 +203,8 @@ DepthBackwardBounds depth_route_backward_bounds(const Tensor<T>& sources, const 
         const double hc = std::abs(D(d.h(t, c)));
         const double own = st16 ? u16 * (m16(a) * hc + m16(a * hc)) : u * a * hc;
         b.sources(i, t, c) =
-            kSecondOrder * ((prob ? std::min(A, lu * AR[ii]) : A) * hc + own + sub16 * (hc + 1.0) + subT * hc) + pr.p_floor;
+            kSecondOrder * ((prob && !g_old_err ? std::min(A, lu * AR[ii]) : A) * hc + own + sub16 * (hc + 1.0) + subT * hc) +
+            pr.p_floor;
       }
       if (!opt.coupling) {
         dx[ii] = dg;

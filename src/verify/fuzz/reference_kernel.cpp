@@ -98,6 +98,40 @@ io::TensorMap pseudo_query(const std::string& op, const io::TensorMap& in, const
   return out;
 }
 
+/// The fused AttnRes routing composed of the library's float functions: the logits
+/// scale w^T RMSNorm(s_i), the route, and backward the depth backward, dg = scale dg_old, the
+/// pseudo-query backward, grad_sources the sum of the mix's and the keys' parts.
+io::TensorMap attn_res(const std::string& op, const io::TensorMap& in, const Options& o) {
+  KeyNormOptions k;
+  k.eps = o.number("eps", k.eps);
+  const float scale = static_cast<float>(o.number("scale", 1.0));
+  DepthOptions d = vd::parse_depth_options(o, in.count("psi") > 0);
+  if (!o.has("normalizer")) d.normalizer = RowNorm::softmax;  // the op's default, fla's
+  const TF src = in_f(in, "sources"), w = in_f(in, "w"), gain = opt_f(in, "gain");
+  const index_t n = src.dim(0), N = src.dim(1);
+  const std::vector<SourceKind> kinds = vd::parse_kinds(o, n);
+  const TF psi = in.count("psi") ? in_f(in, "psi") : TF({n, N});
+  TF g = pseudo_query_logits(src, w, gain, k);
+  for (index_t i = 0; i < g.size(); ++i) g[i] *= scale;
+  io::TensorMap out;
+  if (op == "attn_res") {
+    const DepthRoute<float> r = attn_res_route(src, g, psi, kinds, d);
+    out["h"] = f32(r.h), out["alpha"] = f32(r.alpha), out["alpha_null"] = f32(r.alpha_null);
+    return out;
+  }
+  const DepthGrads<float> dr = attn_res_route_backward(
+      src, g, psi, kinds, d, DepthCotangents<float>{in_f(in, "grad_h"), opt_f(in, "grad_alpha"), opt_f(in, "grad_alpha_null")});
+  TF dg = dr.g_old;
+  for (index_t i = 0; i < dg.size(); ++i) dg[i] *= scale;
+  const PseudoQueryGrads<float> kg = pseudo_query_logits_backward(src, w, gain, dg, k);
+  TF ds = dr.sources;
+  for (index_t i = 0; i < ds.size(); ++i) ds[i] += kg.sources[i];
+  out["grad_sources"] = f32(ds), out["grad_w"] = f32(kg.w);
+  if (!gain.empty()) out["grad_gain"] = f32(kg.gain);
+  if (d.coupling) out["grad_psi"] = f32(dr.psi);
+  return out;
+}
+
 io::TensorMap psi(const std::string& op, const io::TensorMap& in, const Options& o) {
   const bool mass = o.string("estimator", "p_null") == "mass";
   io::TensorMap out;
@@ -192,6 +226,7 @@ Kernel reference_kernel(const std::string& op) {
     if (fam == "pseudo_query") return pseudo_query(op, in, o);
     if (fam == "psi") return psi(op, in, o);
     if (fam == "merge") return merge(in, o);
+    if (fam == "attn_res") return attn_res(op, in, o);
     return normalizer(in, o);
   };
 }

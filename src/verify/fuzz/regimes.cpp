@@ -64,9 +64,10 @@ std::string family(const std::string& op) {
   if (op == "depth" || op == "depth_backward" || op == "coupling") return "depth";
   if (op == "pseudo_query" || op == "pseudo_query_backward") return "pseudo_query";
   if (op == "attention_merge") return "merge";
+  if (op == "attn_res" || op == "attn_res_backward") return "attn_res";
   throw invalid_argument("op", "'" + op + "' is not an op the fuzzer drives (expected attention, attention_backward, normalizer, "
-                               "psi, psi_backward, depth, depth_backward, coupling, pseudo_query, pseudo_query_backward "
-                               "or attention_merge)");
+                               "psi, psi_backward, depth, depth_backward, coupling, pseudo_query, pseudo_query_backward, "
+                               "attention_merge, attn_res or attn_res_backward)");
 }
 
 std::vector<std::string> dim_fields(const std::string& op) {
@@ -127,9 +128,10 @@ std::set<std::string> case_features(const Case& c) {
     if (has_inf("null_logits")) f.insert("infinite_null");
   } else if (fam == "psi") {
     if (opt("estimator") == "\"mass\"") f.insert("mass");
-  } else if (fam == "depth") {
+  } else if (fam == "depth" || fam == "attn_res") {
     if (c.op == "coupling" || opt("coupling") == "true") f.insert("coupling");
     if (c.inputs.count("grad_alpha") || c.inputs.count("grad_alpha_null")) f.insert("grad_alpha");
+    if (fam == "attn_res" && c.inputs.count("gain")) f.insert("gain");
   } else if (c.inputs.count("gain")) {
     f.insert("gain");
   }

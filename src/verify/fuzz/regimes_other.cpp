@@ -1,6 +1,7 @@
 // src/verify/fuzz/regimes_other.cpp — the regimes of normalizer, the psi ops, the depth ops
-// (depth, depth_backward, coupling) and the pseudo-query ops: the null at its extremes, the
-// estimator at its kink, one or one dominant source, logits at the clamps, degenerate RMS norms.
+// (depth, depth_backward, coupling), the pseudo-query ops and the fused AttnRes ops (attn_res,
+// attn_res_backward): the null at its extremes, the estimator at its kink, one or one dominant
+// source, logits at the clamps, degenerate RMS norms.
 // docs/fuzz.md gives each regime's bug class.
 #include <cmath>
 #include <limits>
@@ -219,6 +220,58 @@ void add_pseudo_query(std::vector<Regime>& out) {
       {"gain"}, v, 1, false, true);
 }
 
+// ---- the fused AttnRes ops: sources [L, N, d], the pseudo-query w [d], gain [d] -----------------
+
+struct AttnResSpec {
+  double w_scale = 0.3;     ///< the pseudo-query's scale (large: peaked weights)
+  bool zero_rows = false;   ///< every third source row all 0
+  bool coupled = false;     ///< OASIS: softmax1, psi, incoming gradients of alpha and alpha_null
+};
+
+void gen_attn_res(Case& c, const AttnResSpec& s, Rng& rng) {
+  const Dims& d = c.dims;
+  c.inputs["sources"] = make_tensor(c.dtype, {d.L, d.N, d.d}, [&](index_t i) {
+    return s.zero_rows && (i / d.d) % 3 == 0 ? 0.0 : rng.normal() * (1.0 + static_cast<double>(i / (d.N * d.d)));
+  });
+  c.inputs["w"] = randn(c.dtype, {d.d}, rng, s.w_scale);
+  c.inputs["gain"] = make_tensor(c.dtype, {d.d}, [&](index_t) { return 1.0 + 0.1 * rng.normal(); });
+  if (s.coupled) {
+    c.options["normalizer"] = "\"softmax1\"";
+    c.options["coupling"] = "true";
+    c.inputs["psi"] = make_tensor(c.dtype, {d.L, d.N}, [&](index_t) { return rng.uniform(); });
+  }
+  if (c.op == "attn_res_backward") {
+    c.inputs["grad_h"] = randn(c.dtype, {d.N, d.d}, rng);
+    if (s.coupled) {
+      c.inputs["grad_alpha"] = randn(c.dtype, {d.L, d.N}, rng);
+      c.inputs["grad_alpha_null"] = randn(c.dtype, {d.N}, rng);
+    }
+  }
+}
+
+void add_attn_res(std::vector<Regime>& out) {
+  const std::vector<std::string> ops = {"attn_res", "attn_res_backward"};
+  const Dims least = depth_dims(1, 1, 1);
+  auto reg = [&](std::string name, std::string desc, std::string targets, std::vector<std::string> needs,
+                 std::vector<std::pair<std::string, Dims>> v, AttnResSpec spec) {
+    out.push_back(make_regime(std::move(name), ops, std::move(desc), std::move(targets), std::move(needs), std::move(v),
+                              least, [spec](Case& c, int, Rng& r) { gen_attn_res(c, spec, r); }));
+  };
+  reg("fused_typical", "fla's AttnRes: randn sources growing with depth, w and gain, softmax over depth",
+      "gross errors only; grad_sources without the keys' part", {"gain"}, {{"", depth_dims(4, 32, 64)}}, {});
+  reg("fused_coupled", "OASIS: softmax1 with psi, and incoming gradients of alpha and alpha_null",
+      "the depth null dropped; the coupling or the weights' gradient paths dropped", {"gain", "coupling", "grad_alpha"},
+      {{"", depth_dims(4, 32, 64)}}, {0.3, false, true});
+  reg("fused_peaked", "a pseudo-query of scale 4 (one weight near 1)", "a max not subtracted (overflow)", {"gain"},
+      {{"", depth_dims(4, 32, 64)}}, {4.0, false, false});
+  reg("fused_zero_rows", "every third source row all 0 (RMS 0: eps alone, logit 0)", "eps outside the root; 0/0",
+      {"gain"}, {{"", depth_dims(4, 32, 64)}}, {0.3, true, false});
+  std::vector<std::pair<std::string, Dims>> v;
+  for (index_t w : {1, 63, 64, 65, 127, 128, 129}) v.push_back({"d=" + std::to_string(w), depth_dims(3, 8, w)});
+  reg("fused_width_boundary", "widths d at and around 64 and 128", "a partial vector tile in the norm, the dot or the mix",
+      {"gain"}, v, {});
+}
+
 }  // namespace
 
 void add_other_regimes(std::vector<Regime>& out) {
@@ -226,6 +279,7 @@ void add_other_regimes(std::vector<Regime>& out) {
   add_psi(out);
   add_depth(out);
   add_pseudo_query(out);
+  add_attn_res(out);
 }
 
 }  // namespace oasis::verify::fuzz::detail

@@ -198,12 +198,12 @@ class TinyAttnRes(nn.Module):
         return logits
 
 
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    m = TinyAttnRes(CONFIG)
+def init_weights(m):
+    """Weights of order 1 and non-trivial routing from torch's generator as the caller seeded it:
+    pseudo-queries N(0, 1), theta U(-1, 1), norm gains as they are, every other weight N(0, 0.3^2).
+    Shared by the examples beside this one."""
     with torch.no_grad():
-        for name, p in m.named_parameters():  # weights of order 1 and non-trivial routing
+        for name, p in m.named_parameters():
             if name.endswith("query"):
                 p.normal_(0.0, 1.0)
             elif name.endswith("theta"):
@@ -211,6 +211,12 @@ def model():
             elif not name.endswith("norm.weight"):
                 p.normal_(0.0, 0.3)
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return init_weights(TinyAttnRes(CONFIG))
 
 
 IDS = torch.tensor([[1, 5, 9, 13, 2], [7, 3, 11, 0, 15]])

@@ -36,16 +36,7 @@ LOCAL = " (backward step)"
 def init_model(config=CONFIG):
     """The model of test_attnres_model.py with its weights of order 1 and non-trivial routing."""
     torch.manual_seed(0)
-    m = base.TinyAttnRes(config)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("query"):
-                p.normal_(0.0, 1.0)
-            elif name.endswith("theta"):
-                p.uniform_(-1.0, 1.0)
-            elif not name.endswith("norm.weight"):
-                p.normal_(0.0, 0.3)
-    return m
+    return base.init_weights(base.TinyAttnRes(config))
 
 
 def next_token_loss(logits):

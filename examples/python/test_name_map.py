@@ -146,16 +146,7 @@ def library_name(name):
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    m = Transformer(CONFIG)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("pseudo_query"):
-                p.normal_(0.0, 1.0)
-            elif name.endswith("theta"):
-                p.uniform_(-1.0, 1.0)
-            elif not name.endswith("norm.weight"):
-                p.normal_(0.0, 0.3)
-    return m
+    return base.init_weights(Transformer(CONFIG))
 
 
 def weights(model):

@@ -71,10 +71,9 @@ CompareReport sources_step(const RouterStep& s, const io::StoredTensor& got, con
   const bool use_prob = opt.policy != Policy::worst_case;
   auto bounds_from = [&](const auto& f, double ref_u, double lambda) {
     return [&s, &f, ref_u, lambda](bool wide) {
-      Tensor<double> b = wide ? sources_bound<double>(s, f, lambda, ref_u) : sources_bound<float>(s, f, lambda, ref_u);
-      if (wide && lambda > 0)
-        for (index_t i = 0; i < b.size(); ++i) b[i] = std::numeric_limits<double>::quiet_NaN();  // f64: the worst case
-      return BoundMap{{"grad_sources", b}};
+      BoundMap m{{"grad_sources", wide ? sources_bound<double>(s, f, lambda, ref_u) : sources_bound<float>(s, f, lambda, ref_u)}};
+      if (wide && lambda > 0) keep_worst_case_line(m);
+      return m;
     };
   };
   CompareReport rep;

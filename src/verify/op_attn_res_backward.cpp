@@ -130,9 +130,7 @@ CompareReport run(const OpCall& call) {
       BoundMap m = wide ? chain_bounds<double>(a, cot, err1, c, lambda, ref_u, u16, n16)
                         : chain_bounds<float>(a, cot, err1, c, lambda, ref_u, u16, n16);
       if (wide && lambda > 0)  // f64 gradients keep the worst-case line, as attention_backward's
-        for (auto& [name, t] : m)
-          if (name != "kink_edge")
-            for (index_t i = 0; i < t.size(); ++i) t[i] = std::numeric_limits<double>::quiet_NaN();
+        keep_worst_case_line(m);
       return m;
     };
   };

@@ -4,6 +4,7 @@
 // are drawn from the CSVs by the plotting script the package ships (src/python/oasis/_figures.py,
 // installed as share/oasis/oasis_figures.py beside bin/), run by Debian's /usr/bin/python3 with
 // python3-matplotlib (OASIS_PYTHON names another interpreter, OASIS_FIGURES_SCRIPT another script).
+#include "exit_status.hpp"
 #include "figures_cmd.hpp"
 
 #include <cstdlib>
@@ -22,7 +23,6 @@
 namespace oasis::verify {
 namespace {
 
-constexpr int kOk = 0, kUsage = 2;
 /// The plotting script's exit status when matplotlib cannot be imported.
 constexpr int kNoMatplotlib = 3;
 

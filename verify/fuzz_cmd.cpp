@@ -1,6 +1,7 @@
 // verify/fuzz_cmd.cpp — `oasis-verify fuzz OP --cmd 'PROGRAM {in} {out}'`: an external program
 // fuzzed as an implementation of OP through the --cmd protocol (docs/fuzz-protocol.md), with the
 // library's driver (oasis/verify/fuzz.hpp: the regimes, the checks, the shrinker, the replay).
+#include "exit_status.hpp"
 #include "fuzz_cmd.hpp"
 
 #include <algorithm>
@@ -17,8 +18,6 @@
 
 namespace oasis::verify {
 namespace {
-
-constexpr int kOk = 0, kFailed = 1, kUsage = 2;
 
 const char* kFuzzHelp =
     "usage: oasis-verify fuzz OP --cmd 'PROGRAM {in} {out}' [--dtypes f32,bf16,f16,f64] [--fixed KEY=JSON]...\n"

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #endif
 
+#include "exit_status.hpp"
 #include "oasis/verify/compare.hpp"
 #include "figures_cmd.hpp"
 #include "fuzz_cmd.hpp"
@@ -28,7 +29,9 @@
 
 namespace {
 
-constexpr int kOk = 0, kFailed = 1, kUsage = 2;
+using oasis::verify::kFailed;
+using oasis::verify::kOk;
+using oasis::verify::kUsage;
 
 const char* kMainHelp =
     "usage: oasis-verify [selfcheck] [options]      run the verification report (default)\n"

@@ -74,7 +74,13 @@ class Router(nn.Module):
         s = torch.stack(sources)                          # [n, B, T, d]
         psi = torch.stack(psis)                           # [n, B, T]
         query = self.query.detach() if self.mistake == "stop-gradient on the pseudo-query" else self.query
-        g_old = torch.einsum("nbtd,d->nbt", rms_norm(s), query)
+        if self.mistake == "keys without the RMSNorm's projection term":
+            keys = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS).detach()  # d(1/rms)/ds dropped
+        elif self.mistake == "no gradient from g_old to the sources":
+            keys = rms_norm(s.detach())                   # the sources get the mix's gradient only
+        else:
+            keys = rms_norm(s)
+        g_old = torch.einsum("nbtd,d->nbt", keys, query)
         coupled_psi = psi.detach() if self.mistake == "detached psi" else psi
         evidence = torch.tensor([k != "initial" for k in kinds]).view(-1, 1, 1)  # attention, headless (inherit)
         dpsi = torch.zeros_like(psi)

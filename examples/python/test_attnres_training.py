@@ -11,13 +11,15 @@ records ``grad.<parameter>``. oasis.check_model then checks, with the weights of
 
 * every forward tensor (steps and links, docs/verify-model.md "Model level");
 * each router's backward as a local step on the tensors it traced ("Local backward steps": its
-  grad_g_old and grad_psi by op depth_backward, its grad_sources as the mix plus the keys' part);
+  grad_g_old, grad_psi and theta's gradient by op depth_backward, its grad_sources as the mix plus
+  the keys' part, its query's gradient as the keys' backward of the traced grad_g_old), and each
+  attention and MLP sublayer's weights' gradients on its traced input and grad_output;
 * every gradient end to end against the oracle's backward ("Model gradients", parity per row).
 
 The forward, the local steps and the end-to-end gradient rows pass at every step of a 3-step
 training run (test_end_to_end_gradient_rows_of_a_correct_model: the rows' allowance is twice the
 largest error of six differently rounded replays of the oracle's backward, docs/verify-model.md
-"Model gradients"). The backward mistakes below are each caught where the report can see them.
+"Model gradients"). The backward mistakes below are each named at the step that makes them.
 
 Run: PYTHONPATH=build/python /usr/bin/python3 -m pytest examples/python/test_attnres_training.py
 """
@@ -95,8 +97,10 @@ def test_three_training_steps_pass_the_forward_and_every_local_backward_step():
         # hooked: layers.0.attn's psi, the embedding's constant 0 (no tensor requires grad)
         assert rec.unreached == ["layers.0.mlp.grad_psi"] and list(rec.without_grad) == ["layers.0.attn.grad_psi"]
         assert len(forward_rows(report)) == 66 and failing(forward_rows(report)) == [], f"step {step}"
-        # five routers: grad_g_old and grad_sources each, grad_psi for the four that couple
-        assert len(local_rows(report)) == 14 and failing(local_rows(report)) == [], f"step {step}"
+        # five routers: grad_g_old, grad_sources, the query's and theta's gradients each, grad_psi for
+        # the four that couple (24); four sublayers: their weights' gradients, on their traced input
+        # and grad_output (attention 5 each, MLP 4 each: 18)
+        assert len(local_rows(report)) == 42 and failing(local_rows(report)) == [], f"step {step}"
         assert backward_note(report) is None
         optimizer.step()
     # each step was checked with new weights: all moved but the thetas whose gradient is exactly 0
@@ -124,13 +128,13 @@ def test_a_detached_psi_is_named_at_its_router_step():
     """The router couples a detached psi: its candidates' psi get no gradient. The hook on the
     router's psi is never reached, so its gradient is recorded as 0 (rec.unreached), and the
     router's local step fails at grad_psi: the first wrong step in backward order is this router,
-    the readout router before it is right."""
+    the MLP sublayer before it (in backward order) is right."""
     report, rec = training_step(with_mistake("layers.1.mlp_res", "detached psi"))
     assert rec.unreached == ["layers.0.mlp.grad_psi", "layers.1.mlp.grad_psi"]
     assert failing(local_rows(report)) == ["layers.1.mlp.grad_psi" + LOCAL]
     assert backward_note(report).startswith("first wrong backward step (backward order): router "
                                             "layers.1.mlp_res's backward; the last correct one before it: "
-                                            "router final_res's")
+                                            "sublayer layers.1.mlp's")
     assert failing(forward_rows(report)) == []
 
 
@@ -143,12 +147,27 @@ def test_a_gradient_accumulated_into_the_wrong_source_is_named_at_its_router_ste
     assert failing(forward_rows(report)) == []
 
 
-def test_a_stop_gradient_on_the_pseudo_query_fails_at_that_parameter_only():
-    """g_old = RMSNorm(s) . stop_gradient(w): every local router step still passes (the router's
-    cotangents to g_old, psi and its candidates do not involve dL/dw), so no router step is named;
-    the end-to-end row of the parameter fails, every element got 0 (max_rel 1)."""
+@pytest.mark.parametrize("mistake", ["keys without the RMSNorm's projection term",
+                                     "no gradient from g_old to the sources"])
+def test_a_wrong_keys_backward_is_named_at_its_router_step(mistake):
+    """The router's keys differentiated without the RMSNorm's projection term, or not at all (the
+    sources get the mix's gradient only, no grad_g_old path): the forward and the router's
+    grad_g_old and grad_psi are right, its grad_sources fails its local step, and the router is the
+    first wrong step in backward order."""
+    report, _ = training_step(with_mistake("layers.1.attn_res", mistake))
+    assert failing(local_rows(report)) == ["layers.1.attn.grad_sources" + LOCAL]
+    assert backward_note(report).startswith("first wrong backward step (backward order): router layers.1.attn_res's")
+    assert failing(forward_rows(report)) == []
+
+
+def test_a_stop_gradient_on_the_pseudo_query_is_named_at_its_router_step():
+    """g_old = RMSNorm(s) . stop_gradient(w): the router's cotangents to g_old, psi and its candidates
+    are right, but its step also judges dL/dw, the pseudo-query backward of the traced grad_g_old:
+    that row fails and the router is named; the end-to-end row of the parameter fails too, every
+    element got 0 (max_rel 1)."""
     report, _ = training_step(with_mistake("layers.1.mlp_res", "stop-gradient on the pseudo-query"))
-    assert failing(local_rows(report)) == [] and backward_note(report) is None
+    assert failing(local_rows(report)) == ["grad.layers.1.mlp_res.query" + LOCAL]
+    assert "router layers.1.mlp_res's backward" in backward_note(report)
     row = report["grad.layers.1.mlp_res.query"]
     assert row["passed"] is False and row["max_rel"] == 1.0
     assert report["grad.layers.0.mlp_res.query"]["passed"] is True
@@ -173,11 +192,14 @@ def theta_rows(report):
 def test_betas_clamp_passing_its_gradient_fails_at_theta():
     """Straight through the clamp, theta gets -sum_i dg_i Dpsi_i sigmoid(theta) instead of 0: the
     thetas of the routers whose Dpsi is not zero (layers.1.mlp_res, final_res; layers.1.attn_res
-    sees two candidates with the same psi) fail end to end; the forward, every local router step
-    (the clamp changes only dL/dtheta) and the correct model's zero thetas pass."""
+    sees two candidates with the same psi) fail end to end and at their routers' steps (theta judged
+    by op depth_backward on the traced cotangents); the forward and the correct model's zero thetas
+    pass."""
     config = dict(CONFIG, beta_max=1.0)
     right, _ = training_step(clamped_model(), config)
     assert failing(forward_rows(right)) == [] and failing(theta_rows(right)) == []
     report, _ = training_step(clamped_model("beta's clamp passes its gradient"), config)
     assert failing(theta_rows(report)) == ["grad.final_res.theta", "grad.layers.1.mlp_res.theta"]
-    assert failing(forward_rows(report)) == [] and failing(local_rows(report)) == []
+    assert failing(local_rows(report)) == ["grad.final_res.theta" + LOCAL, "grad.layers.1.mlp_res.theta" + LOCAL]
+    assert backward_note(report).startswith("first wrong backward step (backward order): router final_res's")
+    assert failing(forward_rows(report)) == []

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "oasis/ops/attention.hpp"
+#include "oasis/ops/attn_res.hpp"
 #include "oasis/backends/backend.hpp"
 #include "oasis/research/baselines.hpp"
 #include "oasis/ops/coupling.hpp"

@@ -12,7 +12,8 @@
 #   device      nvidia-smi and the backend's own availability probe
 #   parity      test_parity, test_cuda_host, test_cuda_device (parity of every backend with the
 #               oracle, the split-K and tensor-core kernels, the host simulations, the device entry
-#               points, the sublayer, determinism), each sharded over all cores
+#               points, the sublayer, the fused AttnRes routing and its backward (test_cuda_device's
+#               test_cuda_attn_res.cpp), determinism), each sharded over all cores
 #   sanitizer   compute-sanitizer memcheck, racecheck, synccheck, initcheck over a subset of them
 #   bench       bench_cuda (the same-run ceilings first and last; each attention configuration
 #               validated against the oracle before it is timed)

@@ -71,8 +71,11 @@ void require_available(const BackendOps& b) {
 
 void register_backend(const BackendOps& ops) {
   OASIS_REQUIRE(!ops.name.empty(), "backend", "a backend needs a name");
-  OASIS_REQUIRE(ops.available && ops.token_attention && ops.token_attention_backward && ops.attn_res_route, "backend",
-                "'", ops.name, "' lacks an op (available, token_attention, token_attention_backward, attn_res_route)");
+  OASIS_REQUIRE(ops.available && ops.token_attention && ops.token_attention_backward && ops.attn_res_route &&
+                    ops.attn_res && ops.attn_res_backward,
+                "backend", "'", ops.name,
+                "' lacks an op (available, token_attention, token_attention_backward, attn_res_route, attn_res, "
+                "attn_res_backward)");
   Extra& e = extra();
   const std::lock_guard<std::mutex> lock(e.mutex);
   OASIS_REQUIRE(e.find_locked(ops.name) == nullptr, "backend", "a backend named '", ops.name,
@@ -128,6 +131,24 @@ DepthRoute<float> attn_res_route(const BackendOps& b, const Tensor<float>& sourc
   return b.attn_res_route(sources, g_old, psi, kinds, opt);
 }
 
+DepthRoute<float> attn_res(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& w,
+                           const Tensor<float>& gain, const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                           const AttnResOptions& opt) {
+  require_available(b);
+  check_attn_res_shapes(sources, w, gain, psi, kinds);
+  return b.attn_res(sources, w, gain, psi, kinds, opt);
+}
+
+AttnResGrads<float> attn_res_backward(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& w,
+                                      const Tensor<float>& gain, const Tensor<float>& psi,
+                                      const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                      const DepthCotangents<float>& d) {
+  require_available(b);
+  const RouteShape s = check_attn_res_shapes(sources, w, gain, psi, kinds);
+  check_depth_cotangents(s, d);
+  return b.attn_res_backward(sources, w, gain, psi, kinds, opt, d);
+}
+
 // --- enum class Backend: the library's tables in enumeration order ----------------------------------
 
 std::string_view to_string(Backend b) {
@@ -177,6 +198,18 @@ DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const 
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt) {
   return attn_res_route(backend_ops(b), sources, g_old, psi, kinds, opt);
+}
+
+DepthRoute<float> attn_res(Backend b, const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                           const Tensor<float>& psi, const std::vector<SourceKind>& kinds, const AttnResOptions& opt) {
+  return attn_res(backend_ops(b), sources, w, gain, psi, kinds, opt);
+}
+
+AttnResGrads<float> attn_res_backward(Backend b, const Tensor<float>& sources, const Tensor<float>& w,
+                                      const Tensor<float>& gain, const Tensor<float>& psi,
+                                      const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                      const DepthCotangents<float>& d) {
+  return attn_res_backward(backend_ops(b), sources, w, gain, psi, kinds, opt, d);
 }
 
 }  // namespace oasis

@@ -30,10 +30,22 @@ DepthRoute<float> route(const Tensor<float>&, const Tensor<float>&, const Tensor
   absent();
 }
 
+DepthRoute<float> fused(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                        const std::vector<SourceKind>&, const AttnResOptions&) {
+  absent();
+}
+
+AttnResGrads<float> fused_backward(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                                   const Tensor<float>&, const std::vector<SourceKind>&, const AttnResOptions&,
+                                   const DepthCotangents<float>&) {
+  absent();
+}
+
 }  // namespace
 
 const BackendOps& cuda_backend() {
-  static constexpr BackendOps ops{"cuda", &available, &attention, &attention_backward, &route};
+  static constexpr BackendOps ops{"cuda", &available, &attention, &attention_backward, &route, &fused,
+                                  &fused_backward};
   return ops;
 }
 

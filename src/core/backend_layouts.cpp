@@ -62,4 +62,34 @@ AttentionResult<float> token_attention_paged(Backend b, const Tensor<float>& q, 
   return token_attention_paged(backend_ops(b), q, k_cache, v_cache, block_table, seq_lens, opt);
 }
 
+DepthRoute<float> block_attn_res(const BackendOps& b, const Tensor<float>& blocks, const Tensor<float>& partial,
+                                 const Tensor<float>& w, const Tensor<float>& gain, const Tensor<float>& psi,
+                                 const std::vector<SourceKind>& kinds, const AttnResOptions& opt) {
+  const BackendOps& ops = usable(b);
+  return attn_res(ops, stack_block_sources(blocks, partial), w, gain, psi, kinds, opt);
+}
+
+DepthRoute<float> block_attn_res(Backend b, const Tensor<float>& blocks, const Tensor<float>& partial,
+                                 const Tensor<float>& w, const Tensor<float>& gain, const Tensor<float>& psi,
+                                 const std::vector<SourceKind>& kinds, const AttnResOptions& opt) {
+  return block_attn_res(backend_ops(b), blocks, partial, w, gain, psi, kinds, opt);
+}
+
+BlockAttnResGrads<float> block_attn_res_backward(const BackendOps& b, const Tensor<float>& blocks,
+                                                 const Tensor<float>& partial, const Tensor<float>& w,
+                                                 const Tensor<float>& gain, const Tensor<float>& psi,
+                                                 const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                                 const DepthCotangents<float>& d) {
+  const BackendOps& ops = usable(b);
+  const Tensor<float> s = stack_block_sources(blocks, partial);  // validates blocks' rank before dim(0) is read
+  return split_block_grads(attn_res_backward(ops, s, w, gain, psi, kinds, opt, d), blocks.dim(0), !partial.empty());
+}
+
+BlockAttnResGrads<float> block_attn_res_backward(Backend b, const Tensor<float>& blocks, const Tensor<float>& partial,
+                                                 const Tensor<float>& w, const Tensor<float>& gain,
+                                                 const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                                 const AttnResOptions& opt, const DepthCotangents<float>& d) {
+  return block_attn_res_backward(backend_ops(b), blocks, partial, w, gain, psi, kinds, opt, d);
+}
+
 }  // namespace oasis

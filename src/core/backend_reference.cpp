@@ -1,5 +1,6 @@
 // Backend::reference's table: the scalar-generic reference (oasis/ops/attention.hpp,
-// oasis/grad/attention_backward.hpp, oasis/ops/depth.hpp) instantiated for float.
+// oasis/grad/attention_backward.hpp, oasis/ops/depth.hpp, oasis/ops/attn_res.hpp,
+// oasis/grad/attn_res_backward.hpp) instantiated for float.
 #include "backend_registry.hpp"
 #include "oasis/core/instances.hpp"
 #include "oasis/grad/instances.hpp"
@@ -27,10 +28,22 @@ DepthRoute<float> route(const Tensor<float>& sources, const Tensor<float>& g_old
   return oasis::attn_res_route(sources, g_old, psi, kinds, opt);
 }
 
+DepthRoute<float> fused(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                        const Tensor<float>& psi, const std::vector<SourceKind>& kinds, const AttnResOptions& opt) {
+  return oasis::attn_res(sources, w, gain, psi, kinds, opt);
+}
+
+AttnResGrads<float> fused_backward(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                                   const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                   const AttnResOptions& opt, const DepthCotangents<float>& d) {
+  return oasis::attn_res_backward(sources, w, gain, psi, kinds, opt, d);
+}
+
 }  // namespace
 
 const BackendOps& reference_backend() {
-  static constexpr BackendOps ops{"reference", &available, &attention, &attention_backward, &route};
+  static constexpr BackendOps ops{"reference", &available, &attention, &attention_backward, &route, &fused,
+                                  &fused_backward};
   return ops;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 #include "oasis/ops/attention.hpp"
 #include "oasis/ops/depth.hpp"
 
@@ -22,5 +23,12 @@ AttentionGrads<float> cpu_fast_token_attention_backward(const Tensor<float>& q, 
 DepthRoute<float> cpu_fast_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
                                           const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                           const DepthOptions& opt);
+DepthRoute<float> cpu_fast_attn_res(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                                    const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                    const AttnResOptions& opt);
+AttnResGrads<float> cpu_fast_attn_res_backward(const Tensor<float>& sources, const Tensor<float>& w,
+                                               const Tensor<float>& gain, const Tensor<float>& psi,
+                                               const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                               const DepthCotangents<float>& d);
 
 }  // namespace oasis::detail

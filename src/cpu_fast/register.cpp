@@ -6,7 +6,8 @@ namespace oasis::detail {
 
 const BackendOps& cpu_fast_backend() {
   static constexpr BackendOps ops{"cpu_fast", &cpu_fast_available, &cpu_fast_token_attention,
-                                  &cpu_fast_token_attention_backward, &cpu_fast_attn_res_route};
+                                  &cpu_fast_token_attention_backward, &cpu_fast_attn_res_route,
+                                  &cpu_fast_attn_res, &cpu_fast_attn_res_backward};
   return ops;
 }
 

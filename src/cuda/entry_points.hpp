@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 #include "oasis/ops/depth.hpp"
 
 namespace oasis::detail {
@@ -17,5 +18,12 @@ AttentionGrads<float> cuda_token_attention_backward(const Tensor<float>& q, cons
 DepthRoute<float> cuda_attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old,
                                       const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                       const DepthOptions& opt);
+DepthRoute<float> cuda_attn_res(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                                const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                const AttnResOptions& opt);
+AttnResGrads<float> cuda_attn_res_backward(const Tensor<float>& sources, const Tensor<float>& w,
+                                           const Tensor<float>& gain, const Tensor<float>& psi,
+                                           const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                           const DepthCotangents<float>& d);
 
 }  // namespace oasis::detail

@@ -17,7 +17,7 @@ AttentionResult<float> attention(const Tensor<float>& q, const Tensor<float>& k,
 
 const BackendOps& cuda_backend() {
   static constexpr BackendOps ops{"cuda", &cuda::available, &attention, &cuda_token_attention_backward,
-                                  &cuda_attn_res_route};
+                                  &cuda_attn_res_route, &cuda_attn_res, &cuda_attn_res_backward};
   return ops;
 }
 

@@ -4,21 +4,20 @@
 // Python caller gets the C++ library's bits. Options arrive as a JSON object built by the Python
 // layer (oasis/__init__.py) and are read with the compare engine's typed accessors, which name the
 // key on a type error; the depth options are parsed by the engine's own parse_depth_options, so
-// they are spelled exactly as the options of `check("depth", ...)`.
+// they are spelled exactly as the options of `check("depth", ...)`. token_attention and
+// attn_res_route take a backend (core_support.hpp): "reference", the default, is the above; another
+// backend computes in float32 through its table (oasis/backends/backend.hpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "arrays.hpp"
+#include "core_support.hpp"
 #include "bindings.hpp"
-#include "op_options.hpp"  // src/verify: Options, parse_depth_options, parse_kinds
 #include "oasis/oasis.hpp"
 
 namespace oasis::python {
-namespace {
 
 using verify::detail::Options;
 
-/// A JSON object of options with only `known` keys (an unknown key names itself).
 io::json::Value options_of(const std::string& json, const std::vector<std::string>& known, const char* fn) {
   io::json::Value v = json.empty() ? io::json::Value{} : io::json::parse(json);
   OASIS_REQUIRE(v.kind == io::json::Value::Kind::null || v.is_object(), "options", fn, ": options must be an object");
@@ -34,12 +33,32 @@ MaskedRow parse_masked_row(const std::string& s) {
   throw invalid_argument("masked_row", "must be zero or error, got '" + s + "'");
 }
 
-/// Run f<float> or f<double> by the dtype of the array `first` (named `name`).
-template <class F>
-py::object dispatch(py::handle first, const std::string& name, F&& f) {
-  if (scalar_of(first, name) == Scalar::f32) return f(float{});
-  return f(double{});
+const std::vector<std::string> kAttentionKeys = {"normalizer", "null_logits", "causal",     "key_lengths",
+                                                 "scale",      "window",      "layout",     "return_probs",
+                                                 "masked_row", "gamma",       "zeta"};
+
+AttentionOptions attention_options(const Options& o, py::handle bias_in) {
+  AttentionOptions a;
+  a.normalizer = parse_row_norm(o.string("normalizer", "softmax1"));
+  a.null_logits = o.numbers("null_logits");
+  a.causal = o.boolean("causal", false);
+  a.key_lengths = o.integers("key_lengths");
+  if (o.has("scale")) a.scale = o.number("scale", 1.0);
+  if (o.has("window")) {
+    const double wd = o.number("window", 0);
+    OASIS_REQUIRE(wd >= 0 && wd == std::floor(wd) && wd < 9.0e15, "window", "must be a non-negative integer (0: none)");
+    a.window = static_cast<index_t>(wd);
+  }
+  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
+  a.return_probs = o.boolean("return_probs", false);
+  a.masked_row = parse_masked_row(o.string("masked_row", "zero"));
+  a.norm_params.gamma = o.number("gamma", a.norm_params.gamma);
+  a.norm_params.zeta = o.number("zeta", a.norm_params.zeta);
+  if (!bias_in.is_none()) a.bias = to_double_tensor(bias_in, "bias");
+  return a;
 }
+
+namespace {
 
 // ---- normalisers (docs/spec.md §1) -------------------------------------------------------------------------
 
@@ -73,36 +92,20 @@ py::object normalize(py::handle z_in, py::handle s_in, const std::string& normal
 
 // ---- token attention (docs/spec.md §2, §8) --------------------------------------------------------------------
 
-py::object token_attention(py::handle q_in, py::handle k_in, py::handle v_in, py::object bias_in, const std::string& json) {
-  const io::json::Value v = options_of(json,
-                                       {"normalizer", "null_logits", "causal", "key_lengths", "scale", "window", "layout",
-                                        "return_probs", "masked_row", "gamma", "zeta"},
-                                       "token_attention");
-  const Options o(&v);
-  AttentionOptions a;
-  a.normalizer = parse_row_norm(o.string("normalizer", "softmax1"));
-  a.null_logits = o.numbers("null_logits");
-  a.causal = o.boolean("causal", false);
-  a.key_lengths = o.integers("key_lengths");
-  if (o.has("scale")) a.scale = o.number("scale", 1.0);
-  if (o.has("window")) {
-    const double wd = o.number("window", 0);
-    OASIS_REQUIRE(wd >= 0 && wd == std::floor(wd) && wd < 9.0e15, "window", "must be a non-negative integer (0: none)");
-    a.window = static_cast<index_t>(wd);
-  }
-  a.layout = parse_attention_layout(o.string("layout", "bhtd"));
-  a.return_probs = o.boolean("return_probs", false);
-  a.masked_row = parse_masked_row(o.string("masked_row", "zero"));
-  a.norm_params.gamma = o.number("gamma", a.norm_params.gamma);
-  a.norm_params.zeta = o.number("zeta", a.norm_params.zeta);
-  if (!bias_in.is_none()) a.bias = to_double_tensor(bias_in, "bias");
-  return dispatch(q_in, "q", [&](auto tag) -> py::object {
+py::object token_attention(py::handle q_in, py::handle k_in, py::handle v_in, py::object bias_in, const std::string& json,
+                           const std::string& backend) {
+  const io::json::Value v = options_of(json, kAttentionKeys, "token_attention");
+  const AttentionOptions a = attention_options(Options(&v), bias_in);
+  const BackendOps* b = backend_of(backend);
+  return dispatch_on(b, q_in, "q", [&](auto tag) -> py::object {
     using T = decltype(tag);
-    const Tensor<T> q = to_tensor<T>(q_in, "q"), k = to_tensor<T>(k_in, "k"), vv = to_tensor<T>(v_in, "v");
+    const Tensor<T> q = tensor_on<T>(b, q_in, "q"), k = tensor_on<T>(b, k_in, "k"), vv = tensor_on<T>(b, v_in, "v");
     AttentionResult<T> r;
     {
       py::gil_scoped_release nogil;
-      r = oasis::token_attention(q, k, vv, a);
+      r = on_backend<T>(
+          b, [&](const auto& ops) { return oasis::token_attention(ops, q, k, vv, a); },
+          [&] { return oasis::token_attention(q, k, vv, a); });
     }
     py::dict out;
     out["out"] = to_numpy(r.out);
@@ -158,22 +161,26 @@ py::object couple_depth_logits(py::handle g_in, py::handle d_in, double beta, co
 
 // ---- depth routing (docs/spec.md §3-4) --------------------------------------------------------------------------
 
-py::object attn_res_route(py::handle s_in, py::handle g_in, py::object psi_in, const std::string& json) {
+py::object attn_res_route(py::handle s_in, py::handle g_in, py::object psi_in, const std::string& json,
+                          const std::string& backend) {
   const io::json::Value v = options_of(json, verify::detail::kDepthOptionKeys, "attn_res_route");
   const Options o(&v);
   const DepthOptions d = verify::detail::parse_depth_options(o, true);
-  return dispatch(s_in, "sources", [&](auto tag) -> py::object {
+  const BackendOps* b = backend_of(backend);
+  return dispatch_on(b, s_in, "sources", [&](auto tag) -> py::object {
     using T = decltype(tag);
-    const Tensor<T> sources = to_tensor<T>(s_in, "sources"), g_old = to_tensor<T>(g_in, "g_old");
+    const Tensor<T> sources = tensor_on<T>(b, s_in, "sources"), g_old = tensor_on<T>(b, g_in, "g_old");
     require_rank(g_old, 2, "g_old", "[n, N]");
     Tensor<T> psi(g_old.shape());
-    if (!psi_in.is_none()) psi = to_tensor<T>(psi_in, "psi");
+    if (!psi_in.is_none()) psi = tensor_on<T>(b, psi_in, "psi");
     else OASIS_REQUIRE(!d.coupling, "psi", "attn_res_route with coupling needs psi [n, N] (or coupling=False)");
     const std::vector<SourceKind> kinds = verify::detail::parse_kinds(o, g_old.dim(0));
     DepthRoute<T> r;
     {
       py::gil_scoped_release nogil;
-      r = oasis::attn_res_route(sources, g_old, psi, kinds, d);
+      r = on_backend<T>(
+          b, [&](const auto& ops) { return oasis::attn_res_route(ops, sources, g_old, psi, kinds, d); },
+          [&] { return oasis::attn_res_route(sources, g_old, psi, kinds, d); });
     }
     py::dict out;
     out["h"] = to_numpy(r.h);
@@ -203,11 +210,13 @@ py::object pseudo_query_logits(py::handle s_in, py::handle w_in, py::object gain
 
 void bind_core(py::module_& m) {
   m.def("normalize", &normalize, py::arg("z"), py::arg("s"), py::arg("normalizer"), py::arg("masked_row"));
-  m.def("token_attention", &token_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("bias"), py::arg("options"));
+  m.def("token_attention", &token_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("bias"), py::arg("options"),
+        py::arg("backend") = "reference");
   m.def("null_statistic", &null_statistic, py::arg("p_null"));
   m.def("null_statistic_from_mass", &null_statistic_from_mass, py::arg("probs"));
   m.def("couple_depth_logits", &couple_depth_logits, py::arg("g_old"), py::arg("dpsi"), py::arg("beta"), py::arg("options"));
-  m.def("attn_res_route", &attn_res_route, py::arg("sources"), py::arg("g_old"), py::arg("psi"), py::arg("options"));
+  m.def("attn_res_route", &attn_res_route, py::arg("sources"), py::arg("g_old"), py::arg("psi"), py::arg("options"),
+        py::arg("backend") = "reference");
   m.def("pseudo_query_logits", &pseudo_query_logits, py::arg("sources"), py::arg("w"), py::arg("gain"), py::arg("options"));
 }
 

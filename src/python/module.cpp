@@ -29,5 +29,6 @@ PYBIND11_MODULE(_core, m) {
   oasis::python::bind_model(m);
   oasis::python::bind_compare(m);
   oasis::python::bind_core(m);
+  oasis::python::bind_backends(m);
   oasis::python::bind_fuzz(m);
 }

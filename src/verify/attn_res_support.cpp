@@ -8,7 +8,7 @@
 
 namespace oasis::verify::detail {
 
-AttnResCall attn_res_call(const OpCall& c, const std::string& op) {
+AttnResCall attn_res_call(const OpCall& c, const std::string& op, const std::string& what) {
   AttnResCall a;
   const TensorMap& in = c.inputs;
   const Options& o = c.options;
@@ -22,12 +22,12 @@ AttnResCall attn_res_call(const OpCall& c, const std::string& op) {
   OASIS_REQUIRE(a.n > 0 && a.N > 0 && a.d > 0, "sources", "empty dimension in ", shape_str(s.shape()));
   require_finite(s, "sources");
   require_rank(a.w->values, 1, "w", "[d]");
-  OASIS_REQUIRE(a.w->values.dim(0) == a.d, "w", "has ", a.w->values.dim(0), " entries, sources have width d = ", a.d);
+  OASIS_REQUIRE(a.w->values.dim(0) == a.d, "w", "has ", a.w->values.dim(0), " entries, ", what, " have width d = ", a.d);
   DType g16 = DType::f32;
   if (maybe(in, "gain")) {
     const StoredTensor& g = need(in, "gain", op);
     require_rank(g.values, 1, "gain", "[d]");
-    OASIS_REQUIRE(g.values.dim(0) == a.d, "gain", "has ", g.values.dim(0), " entries, sources have width d = ", a.d);
+    OASIS_REQUIRE(g.values.dim(0) == a.d, "gain", "has ", g.values.dim(0), " entries, ", what, " have width d = ", a.d);
     a.gain = g.values;
     g16 = g.dtype;
   }
@@ -39,11 +39,11 @@ AttnResCall attn_res_call(const OpCall& c, const std::string& op) {
   a.depth = parse_depth_options(o, psi != nullptr);
   if (!o.has("normalizer")) a.depth.normalizer = RowNorm::softmax;  // fla's AttnRes
   a.kinds = parse_kinds(o, a.n);
-  OASIS_REQUIRE(static_cast<index_t>(a.kinds.size()) == a.n, "kinds", "has ", a.kinds.size(), " entries, sources have n = ", a.n);
+  OASIS_REQUIRE(static_cast<index_t>(a.kinds.size()) == a.n, "kinds", "has ", a.kinds.size(), " entries, ", what, " have n = ", a.n);
   if (psi) {
     const StoredTensor& p = need(in, "psi", op);
     OASIS_REQUIRE(p.values.shape() == (Shape{a.n, a.N}), "psi", "shape ", shape_str(p.values.shape()),
-                  " does not match sources [n, N] = [", a.n, ", ", a.N, "]");
+                  " does not match ", what, " [n, N] = [", a.n, ", ", a.N, "]");
     OASIS_REQUIRE(a.depth.coupling, "psi", "given but coupling is false (drop psi or set coupling true)");
     a.psi = p.values;
   } else {

@@ -5,6 +5,8 @@
 // AttnRes routing").
 #pragma once
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,20 +29,56 @@ struct AttnResCall {
   std::vector<SourceKind> kinds;
   index_t n = 0, N = 0, d = 0;
   DType in16 = DType::f32;  ///< the 16-bit type of sources, w or gain, else f32
+  /// The library's options of the same call (oasis/ops/attn_res.hpp).
+  AttnResOptions options() const { return AttnResOptions{key_norm, scale, depth}; }
 };
 
 /// The inputs and options of op `op` (attn_res, attn_res_backward), every inconsistency a named
 /// error before anything is allocated. Defaults: fla's AttnRes (normalizer softmax, eps 1e-6,
-/// scale 1); coupling defaults to whether psi is given.
-AttnResCall attn_res_call(const OpCall& c, const std::string& op);
+/// scale 1); coupling defaults to whether psi is given. `what`: how messages name the sources
+/// (block_attn_res stacks its blocks and partial into them).
+AttnResCall attn_res_call(const OpCall& c, const std::string& op, const std::string& what = "sources");
+
+/// Block AttnRes's names for the stacked sources [b_0 .. b_{m-1}, b_n^{i-1}] (Kimi's Eq. 5-6;
+/// op_block_attn_res.cpp): rows [0, blocks) of grad_sources are grad_blocks [blocks, N, d], row
+/// `blocks`, with a partial, is grad_partial [N, d]. blocks < 0: grad_sources kept whole.
+struct SourcesSplit {
+  index_t blocks = -1;
+  bool partial = false;
+};
+
+/// `m` with its "grad_sources" replaced by the parts `s` names (each element keeps its value and
+/// its bound, so the parts' verdicts are those of the stacked tensor's rows).
+template <class T>
+void split_sources(std::map<std::string, Tensor<T>>& m, const SourcesSplit& s) {
+  const auto it = m.find("grad_sources");
+  if (s.blocks < 0 || it == m.end()) return;
+  const Tensor<T> g = std::move(it->second);
+  m.erase(it);
+  const index_t N = g.dim(1), d = g.dim(2), row = N * d;
+  Tensor<T> b(Shape{s.blocks, N, d});
+  std::copy(g.data(), g.data() + s.blocks * row, b.data());
+  m.emplace("grad_blocks", std::move(b));
+  if (!s.partial) return;
+  Tensor<T> p(Shape{N, d});
+  std::copy(g.data() + s.blocks * row, g.data() + (s.blocks + 1) * row, p.data());
+  m.emplace("grad_partial", std::move(p));
+}
+
+/// Op attn_res's check of `call` (its inputs named as attn_res's), reported as op `op`
+/// (op_depth.cpp); `what` as for attn_res_call.
+CompareReport attn_res_report(const OpCall& call, const std::string& op, const std::string& what = "sources");
+
+/// Op attn_res_backward's check of `call` (its inputs named as attn_res_backward's), reported as
+/// op `op`, grad_sources's reference and bounds split as `split` says (op_attn_res_backward.cpp).
+CompareReport attn_res_backward_report(const OpCall& call, const std::string& op, const SourcesSplit& split = {},
+                                       const std::string& what = "sources");
 
 /// The logits scale w^T RMSNorm(s_i) computed in T ([n, N]).
 template <class T>
 Tensor<T> attn_res_logits(const AttnResCall& a) {
-  Tensor<T> g = pseudo_query_logits(a.sources->values.cast<T>(), a.w->values.cast<T>(),
-                                    a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.key_norm);
-  for (index_t i = 0; i < g.size(); ++i) g[i] = g[i] * T(a.scale);
-  return g;
+  return oasis::attn_res_logits(a.sources->values.cast<T>(), a.w->values.cast<T>(),
+                                a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.options());
 }
 
 /// Token t's logits in T ([n, 1]).
@@ -49,9 +87,7 @@ Tensor<T> attn_res_token_logits(const AttnResCall& a, index_t t) {
   Tensor<T> s({a.n, 1, a.d});
   for (index_t i = 0; i < a.n; ++i)
     for (index_t c = 0; c < a.d; ++c) s(i, 0, c) = T(a.sources->values(i, t, c));
-  Tensor<T> g = pseudo_query_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.key_norm);
-  for (index_t i = 0; i < g.size(); ++i) g[i] = g[i] * T(a.scale);
-  return g;
+  return oasis::attn_res_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), a.options());
 }
 
 /// The bound of the logits' error per unit roundoff ([n, N]): |scale| times the pseudo-query

@@ -53,8 +53,17 @@ const std::vector<OpSpec>& op_specs() {
                                             coupling_op(),            depth_op(),         pseudo_query_op(),
                                             attention_backward_op(),  psi_backward_op(),  depth_backward_op(),
                                             pseudo_query_backward_op(), attention_merge_op(),
-                                            attn_res_op(),            attn_res_backward_op()};
+                                            attn_res_op(),            attn_res_backward_op(),
+                                            block_attn_res_op(),      block_attn_res_backward_op()};
   return specs;
+}
+
+/// "ops attention, normalizer, ..." : the ops that honour CompareOptions::sample.
+std::string sampling_ops() {
+  std::vector<std::string> v;
+  for (const auto& s : op_specs())
+    if (s.samples_rows) v.push_back(s.name);
+  return "ops " + join_names(v);
 }
 
 const OpSpec& op_spec(const std::string& name) {
@@ -90,7 +99,7 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
                   "); outputs are floating point");
   OASIS_REQUIRE(opt.sample >= 0, "sample", "must be >= 0 (0: every row), got ", opt.sample);
   OASIS_REQUIRE(opt.sample == 0 || s.samples_rows, "sample", "op ", op,
-                " checks every element (sampling rows is offered by ops attention, depth, coupling and normalizer)");
+                " checks every element (sampling rows is offered by ", sampling_ops(), ")");
   const ProgressRun progress(opt, op, outputs, names(s.outputs));
   CompareReport rep = s.run(OpCall{inputs, outputs, o, opt});
   rep.op = op;
@@ -133,8 +142,8 @@ namespace {
 void check_model_options(const Value& options, const CompareOptions& opt) {
   const Options o(&options);
   for (const auto& k : o.keys()) throw invalid_argument("options", "unknown option '" + k + "' for op model (known: none)");
-  OASIS_REQUIRE(opt.sample == 0, "sample",
-                "the model level checks every element (sampling rows is offered by ops attention, depth, coupling and normalizer)");
+  OASIS_REQUIRE(opt.sample == 0, "sample", "the model level checks every element (sampling rows is offered by ",
+                sampling_ops(), ")");
 }
 
 /// The model level has its own rules (each step under the worst-case line, end-to-end and gradient

@@ -5,7 +5,8 @@
 // call's own bias and mask), its LSE over those keys in the base of parts_lse_base (with sink_in
 // "split0", split 0 is Softmax1 attention with the null logit, its LSE with the null); the merged
 // out, lse, p_null are op attention's check on the full inputs. The splits' reports are folded into
-// one per tensor (out_parts, lse_parts) whose mismatches carry the split index first.
+// one per tensor (out_parts, lse_parts) as the packed layouts' are (layout_fold.hpp): the listed
+// elements and the heat map's cells at [i, ...] of the partials.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -70,24 +71,15 @@ bool sees(const AttentionOptions& a, const AttentionShape& s, index_t b, index_t
 }
 
 
-/// "out[0, 1, ...]..." of split i as "out_parts[i, 0, 1, ...]...".
-std::string renamed(const std::string& line, const std::string& from, const std::string& to, index_t i) {
-  if (line.rfind(from + "[", 0) != 0) return line;
-  return to + "[" + std::to_string(i) + ", " + line.substr(from.size() + 1);
-}
-
-/// The splits' reports of one tensor folded into the report of the whole tensor [S, ...].
-TensorReport fold(const std::string& name, const StoredTensor& got, const std::string& sub,
-                  const std::vector<std::pair<index_t, TensorReport>>& parts, int show) {
-  TensorReport r = report_of(name, got);
-  r.passed = true;
-  for (const auto& [i, t] : parts) {
-    fold_counts(r, t);
-    if (r.bound.empty()) r.bound = t.bound + "; per split, as op attention";
-    for (const std::string& m : t.first_mismatches)
-      if (static_cast<int>(r.first_mismatches.size()) < show) r.first_mismatches.push_back(renamed(m, sub, name, i));
-    for (const std::string& m : t.first_undecided)
-      if (static_cast<int>(r.first_undecided.size()) < show) r.first_undecided.push_back(renamed(m, sub, name, i));
+/// Split i's report of op attention, its tensors renamed to the kernel's [S, ...] partials
+/// ("out" -> "out_parts"), so that ReportFold places them at [i, ...].
+CompareReport as_parts(CompareReport r) {
+  for (TensorReport& t : r.tensors) {
+    const std::string to = t.name + "_parts";
+    for (std::vector<std::string>* v : {&t.first_mismatches, &t.first_undecided})
+      for (std::string& line : *v)
+        if (line.rfind(t.name + "[", 0) == 0) line = to + line.substr(t.name.size());
+    t.name = to;
   }
   return r;
 }
@@ -130,9 +122,15 @@ CompareReport attention_merge_split_report(const OpCall& call, const std::string
     rep.tensors.push_back(shape_mismatch("lse_parts", *got_lse, lse_shape));
     got_lse = nullptr;
   }
-  std::vector<std::pair<index_t, TensorReport>> parts_out, parts_lse;
   std::string oracle;
   if (got_out || got_lse) {
+    // the splits' reports folded as the packed layouts' (layout_fold.hpp): counts summed, every
+    // listed element and the heat map's cells placed at [i, ...] of the partials
+    TensorMap parts;
+    if (got_out) parts["out_parts"] = *got_out;
+    if (got_lse) parts["lse_parts"] = *got_lse;
+    ReportFold fold(parts, call.compare.show);
+    const Shape out_split(out_shape.begin() + 1, out_shape.end()), lse_split(lse_shape.begin() + 1, lse_shape.end());
     TensorMap sin = {{"q", q}, {"k", k}, {"v", v}};
     for (index_t i = 0; i < S; ++i) {
       const index_t begin = i * ss, end = std::min(s.Tk, begin + ss);
@@ -162,16 +160,24 @@ CompareReport attention_merge_split_report(const OpCall& call, const std::string
                                                            : std::vector<std::string>{"lse_null", "null_logits"},
                                                    sink ? "softmax1" : "softmax", &parts_base);
       const Options so(&ov);
-      CompareReport r = attention_op().run(OpCall{sin, sout, so, call.compare});
-      for (TensorReport& t : r.tensors)
-        (t.name == "out" ? parts_out : parts_lse).emplace_back(i, std::move(t));
+      const CompareReport r = attention_op().run(OpCall{sin, sout, so, fold.part_options(call.compare)});
       for (const std::string& n : r.notes) rep.notes.push_back("split " + std::to_string(i) + ": " + n);
-      rep.mp50_rows += r.mp50_rows;
-      rep.mp50_work += r.mp50_work;
       if (oracle.empty()) oracle = r.oracle.substr(0, r.oracle.find(' '));
+      CompareReport named = as_parts(r);
+      named.notes.clear();
+      fold.add(named, "split " + std::to_string(i),
+               {{"out_parts", contiguous_part(out_split, i * shape_numel(out_split))},
+                {"lse_parts", contiguous_part(lse_split, i * shape_numel(lse_split))}});
     }
-    if (got_out) rep.tensors.push_back(fold("out_parts", *got_out, "out", parts_out, call.compare.show));
-    if (got_lse) rep.tensors.push_back(fold("lse_parts", *got_lse, "lse", parts_lse, call.compare.show));
+    CompareReport folded = fold.finish("per split");
+    std::stable_sort(folded.tensors.begin(), folded.tensors.end(),  // the kernel's order: out, then lse
+                     [](const TensorReport& x, const TensorReport& y) { return x.name == "out_parts" && y.name != x.name; });
+    for (TensorReport& t : folded.tensors) {
+      t.bound += "; per split, as op attention";
+      rep.tensors.push_back(std::move(t));
+    }
+    rep.mp50_rows += folded.mp50_rows;
+    rep.mp50_work += folded.mp50_work;
   }
   TensorMap fout;
   for (const char* n : {"out", "lse", "p_null"})

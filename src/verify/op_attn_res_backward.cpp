@@ -29,19 +29,31 @@ Chain<T> chain(const AttnResCall& a, const DepthCotangents<T>& cot) {
   r.g = attn_res_logits<T>(a);
   const Tensor<T> s = a.sources->values.cast<T>(), p = a.psi.cast<T>();
   r.fwd = attn_res_route(s, r.g, p, a.kinds, a.depth);
-  const DepthGrads<T> dr = attn_res_route_backward(s, r.g, p, a.kinds, a.depth, cot);
-  r.dg = dr.g_old;
+  AttnResGrads<T> gr = attn_res_backward_from_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(),
+                                                     p, a.kinds, a.options(), cot, r.g);
+  r.dg = std::move(gr.logits);  // the keys' cotangent scale dL/dg, as attn_res_backward forms it
   for (index_t i = 0; i < r.dg.size(); ++i) r.dg[i] = r.dg[i] * T(a.scale);
-  const PseudoQueryGrads<T> k = pseudo_query_logits_backward(s, a.w->values.cast<T>(),
-                                                             a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(), r.dg, a.key_norm);
-  r.sources = dr.sources;
-  for (index_t i = 0; i < r.sources.size(); ++i) r.sources[i] = r.sources[i] + k.sources[i];
-  r.w = k.w;
-  r.gain = k.gain;
-  r.psi = dr.psi;
-  r.beta = dr.beta;
-  r.theta = dr.theta;
+  r.sources = std::move(gr.sources);
+  r.w = std::move(gr.w);
+  r.gain = std::move(gr.gain);
+  r.psi = std::move(gr.psi);
+  r.beta = gr.beta;
+  r.theta = gr.theta;
   return r;
+}
+
+/// The reference's gradients by output name, moved out of `c` (its logits and forward, which the
+/// bounds read, stay).
+template <class T>
+std::map<std::string, Tensor<T>> gradients(Chain<T>& c, bool gain) {
+  std::map<std::string, Tensor<T>> m;
+  m.emplace("grad_sources", std::move(c.sources));
+  m.emplace("grad_w", std::move(c.w));
+  m.emplace("grad_psi", std::move(c.psi));
+  m.emplace("grad_beta", Tensor<T>(Shape{1}, c.beta));
+  m.emplace("grad_theta", Tensor<T>(Shape{1}, c.theta));
+  if (gain) m.emplace("grad_gain", std::move(c.gain));
+  return m;
 }
 
 struct Cot {
@@ -101,9 +113,11 @@ BoundMap chain_bounds(const AttnResCall& a, const Cot& cot, const Tensor<double>
           {"kink_edge", edge}};
 }
 
-CompareReport run(const OpCall& call) {
-  const std::string op = "attn_res_backward";
-  const AttnResCall a = attn_res_call(call, op);
+}  // namespace
+
+CompareReport attn_res_backward_report(const OpCall& call, const std::string& op, const SourcesSplit& split,
+                                       const std::string& what) {
+  const AttnResCall a = attn_res_call(call, op, what);
   const TensorMap& in = call.inputs;
   const CompareOptions& copt = call.compare;
   const StoredTensor& dh = need(in, "grad_h", op);
@@ -131,6 +145,7 @@ CompareReport run(const OpCall& call) {
                         : chain_bounds<float>(a, cot, err1, c, lambda, ref_u, u16, n16);
       if (wide && lambda > 0)  // f64 gradients keep the worst-case line, as attention_backward's
         keep_worst_case_line(m);
+      split_sources(m, split);
       return m;
     };
   };
@@ -144,17 +159,15 @@ CompareReport run(const OpCall& call) {
     // worst-case bound (its logits' error u_d err1 included) folded in; the policy's terms known
     // within rho = 1e-7 (as depth_backward's). A coupled clamp's kink is left to mp50 (the
     // double logits' error would widen every zone).
-    const Chain<double> cd = chain(a, cot.as<double>());
+    Chain<double> cd = chain(a, cot.as<double>());
     const double ud = oasis::unit_roundoff<double>();
-    const BoundMap own = chain_bounds<double>(a, cot, err1, cd, 0.0, ud, 0.0, 0.0);
+    BoundMap own = chain_bounds<double>(a, cot, err1, cd, 0.0, ud, 0.0, 0.0);
     PlainBounds pb(bounds_from(cd, ud, 0.0)), pp(bounds_from(cd, ud, kLambda));
-    const Tensor<double> rb(Shape{1}, {cd.beta}), rt(Shape{1}, {cd.theta});
-    std::map<std::string, DoubleRef> refs{{"grad_sources", {&cd.sources, &own.at("grad_sources"), 1.0}},
-                                          {"grad_w", {&cd.w, &own.at("grad_w"), 1.0}},
-                                          {"grad_psi", {&cd.psi, &own.at("grad_psi"), 1.0}},
-                                          {"grad_beta", {&rb, &own.at("grad_beta"), 1.0}},
-                                          {"grad_theta", {&rt, &own.at("grad_theta"), 1.0}}};
-    if (!a.gain.empty()) refs["grad_gain"] = {&cd.gain, &own.at("grad_gain"), 1.0};
+    BoundMap vals = gradients(cd, !a.gain.empty());
+    split_sources(vals, split);
+    split_sources(own, split);
+    std::map<std::string, DoubleRef> refs;
+    for (const auto& [name, v] : vals) refs[name] = {&v, &own.at(name), 1.0};
     const index_t undecided = compare_outputs(rep, call.outputs, refs, pb, copt, 1e-7, use_prob ? &pp : nullptr, in16);
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
@@ -166,18 +179,16 @@ CompareReport run(const OpCall& call) {
                        "the backward (grad_w, grad_gain and dbeta sum over every token: the whole op)", fallback))
       return rep;
   }
-  const Chain<mp50> cm = chain(a, cot.as<mp50>());
-  const Ref ref_beta(Shape{1}, {cm.beta}), ref_theta(Shape{1}, {cm.theta});
+  Chain<mp50> cm = chain(a, cot.as<mp50>());
   PlainBounds pb(bounds_from(cm, 0.0, 0.0)), pp(bounds_from(cm, 0.0, kLambda));
-  std::map<std::string, const Ref*> refs{{"grad_sources", &cm.sources}, {"grad_w", &cm.w},          {"grad_psi", &cm.psi},
-                                         {"grad_beta", &ref_beta},      {"grad_theta", &ref_theta}};
-  if (!a.gain.empty()) refs["grad_gain"] = &cm.gain;
+  std::map<std::string, Ref> vals = gradients(cm, !a.gain.empty());
+  split_sources(vals, split);
+  std::map<std::string, const Ref*> refs;
+  for (const auto& [name, v] : vals) refs[name] = &v;
   compare_outputs(rep, call.outputs, refs, pb, copt, use_prob ? &pp : nullptr, in16);
   rep.oracle = "mp50" + fallback;
   return rep;
 }
-
-}  // namespace
 
 OpSpec attn_res_backward_op() {
   std::vector<std::string> keys = kDepthOptionKeys;
@@ -198,7 +209,7 @@ OpSpec attn_res_backward_op() {
            {"grad_theta", "[1]"}},
           keys,
           "as attn_res; grad_sources: the total (the mix and the keys); grad_beta, grad_theta as depth_backward's",
-          run};
+          [](const OpCall& c) { return attn_res_backward_report(c, "attn_res_backward"); }};
 }
 
 }  // namespace oasis::verify::detail

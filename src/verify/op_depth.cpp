@@ -373,20 +373,20 @@ CompareReport route_report(const std::string& op, const DepthCall& c, const std:
   return rep;
 }
 
+}  // namespace
+
 /// Op attn_res: the logits computed per token (double for the fast oracle, mp50 for the exact
 /// one), their error at u = 1 entering the depth bounds as an error already in g_old.
-CompareReport run_attn_res(const OpCall& call) {
-  const AttnResCall a = attn_res_call(call, "attn_res");
+CompareReport attn_res_report(const OpCall& call, const std::string& op, const std::string& what) {
+  const AttnResCall a = attn_res_call(call, op, what);
   const Tensor<double> g = attn_res_logits<double>(a), err1 = attn_res_logit_err1(a);
   DepthCall c{&a.sources->values, g, a.psi, a.kinds, a.depth, a.n, a.N, a.d, bounds::beta_bound(a.depth, 1.0)};
   c.g_err1 = &err1;
   c.exact_logits = [&a](index_t t) { return attn_res_token_logits<mp50>(a, t); };
   const std::map<std::string, std::pair<Kind, Shape>> known = {
       {"h", {Kind::h, {a.N, a.d}}}, {"alpha", {Kind::alpha, {a.n, a.N}}}, {"alpha_null", {Kind::alpha_null, {a.N}}}};
-  return route_report("attn_res", c, known, call.outputs, call.compare, a.in16);
+  return route_report(op, c, known, call.outputs, call.compare, a.in16);
 }
-
-}  // namespace
 
 OpSpec attn_res_op() {
   std::vector<std::string> keys = kDepthOptionKeys;
@@ -397,7 +397,7 @@ OpSpec attn_res_op() {
           keys,
           "fused AttnRes (fla's naive_attnres): g_i = scale w^T RMSNorm(s_i) (eps 1e-6, scale 1), then depth;\n"
           "                normalizer softmax (default, fla) | softmax1; coupling defaults to whether psi is given",
-          [](const OpCall& c) { return run_attn_res(c); }};
+          [](const OpCall& c) { return attn_res_report(c, "attn_res"); }};
   s.samples_rows = true;
   return s;
 }

@@ -30,9 +30,29 @@ void check_model_gradients(const model::Model<mp50>& m, const std::vector<index_
                            CompareReport& rep, std::set<std::string>& checked,
                            std::map<std::string, std::string>& step_of);
 
+/// A local backward step's verdict: the step's position in the forward schedule (model::forward_schedule;
+/// backward order is descending) and its label ("router layers.1.attn_res", "sublayer layers.1.mlp").
+struct StepVerdict {
+  index_t position = 0;
+  std::string label;
+  bool passed = true;
+};
+
 /// The local backward steps of the routers (model_grad_steps.cpp; docs/verify-model.md, "Local
 /// backward steps"), called by check_model_gradients over N = B T positions.
 void check_router_backward_steps(const model::Model<mp50>& m, index_t N, const io::TensorMap& outputs,
-                                 const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of);
+                                 const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of,
+                                 std::vector<StepVerdict>& verdicts);
+
+/// The local backward steps of the attention and MLP sublayers (model_grad_sublayer_steps.cpp): each
+/// sublayer whose trace holds its .input and the cotangents it received (.grad_output, and
+/// .grad_branch_psi when the branch psi is read) has its .grad_input and its parameters' gradients
+/// judged on exactly those tensors.
+void check_sublayer_backward_steps(const model::Model<mp50>& m, index_t B, index_t Tn, const io::TensorMap& outputs,
+                                   const CompareOptions& opt, CompareReport& rep,
+                                   std::map<std::string, std::string>& step_of, std::vector<StepVerdict>& verdicts);
+
+/// The report's first note: the first wrong step in backward order and the last correct one before it.
+void note_first_wrong_step(std::vector<StepVerdict> verdicts, CompareReport& rep);
 
 }  // namespace oasis::verify::detail

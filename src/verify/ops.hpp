@@ -24,6 +24,8 @@ OpSpec pseudo_query_backward_op();
 OpSpec attention_merge_op();
 OpSpec attn_res_op();
 OpSpec attn_res_backward_op();
+OpSpec block_attn_res_op();
+OpSpec block_attn_res_backward_op();
 
 /// Op attention_merge's form B (op_attention_merge_split.cpp): a split-KV kernel's partials judged
 /// as op attention split by split (plain softmax over each split's keys; with sink_in "split0",

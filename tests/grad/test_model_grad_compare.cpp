@@ -10,6 +10,7 @@
 #include <string>
 
 #include "model_grad_support.hpp"
+#include "oasis/grad/layers_backward.hpp"
 #include "oasis/model/io.hpp"
 #include "oasis/model/router.hpp"
 #include "oasis/model/wiring.hpp"
@@ -189,11 +190,9 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
     for (const auto& t : r.tensors)
       if (t.name.find("(backward step)") != std::string::npos) {
         routers.push_back(t.name);
-        EXPECT_NE(t.step.find(t.name.find("grad_sources") == 0 || t.name.find(".grad_sources") != std::string::npos
-                                  ? "pseudo-query backward"
-                                  : "depth_backward"),
-                  std::string::npos)
-            << t.step;
+        const bool keys = t.name.find(".grad_sources") != std::string::npos || t.name.find(".query ") != std::string::npos ||
+                          t.name.find(".key_norm.weight ") != std::string::npos;
+        EXPECT_NE(t.step.find(keys ? "pseudo-query backward" : "depth_backward"), std::string::npos) << t.name << ": " << t.step;
       }
     const bool kimi = std::string(c).rfind("kimi", 0) == 0;
     EXPECT_GE(routers.size(), (kimi ? 3u : 2u) * 4u) << "every router's grad_g_old, grad_psi (and, Kimi, grad_sources)";
@@ -238,6 +237,31 @@ TEST(ModelGradCompare, RouterBackwardStepsAreJudgedLocally) {
   }
 }
 
+// The routers' own parameters at their local step: a stop-gradient on a pseudo-query (its gradient
+// 0) and a theta whose gradient is doubled each fail their router's step (grad.<router>.query,
+// grad.<router>.theta judged on the traced grad_g_old and cotangents), named as the first wrong step.
+TEST(ModelGradCompare, RouterParametersAreJudgedAtTheirStep) {
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+  const io::TensorMap out = router_step_tensors(s, g);
+  for (const auto& [param, how] : {std::pair<std::string, double>{"grad.layers.1.mlp_res.query", 0.0},
+                                   {"grad.layers.1.mlp_res.theta", 2.0}}) {
+    SCOPED_TRACE(param);
+    io::TensorMap bad = out;
+    Tensor<double>& x = bad.at(param).values;
+    bool nonzero = false;
+    for (index_t i = 0; i < x.size(); ++i) {
+      nonzero = nonzero || x[i] != 0;
+      x[i] *= how;
+    }
+    ASSERT_TRUE(nonzero) << "the mutant must change the gradient";
+    const verify::CompareReport r = run(s, bad);
+    EXPECT_TRUE(row_failed(r, param + " (backward step)")) << verify::format_report(r);
+    EXPECT_NE(first_wrong_step_note(r).find("router layers.1.mlp_res's backward"), std::string::npos)
+        << verify::format_report(r);
+  }
+}
+
 // Routers whose logits pass an uncoupled score clamp (the authors' profile without coupling): the
 // trace does not hold the clamp's input, so their steps are not judged locally, and a note says so.
 TEST(ModelGradCompare, UncoupledClampedRoutersAreNotedNotJudged) {
@@ -263,6 +287,120 @@ TEST(ModelGradCompare, RouterKeysMissingIsNamedAtTheFirstRouterStep) {
   EXPECT_NE(note.find("router final_res's backward"), std::string::npos) << verify::format_report(r);
   EXPECT_TRUE(row_failed(r, "final_res.grad_sources (backward step)")) << verify::format_report(r);
   std::printf("router keys missing: %s\n", note.c_str());
+}
+
+/// A backward trace of every step: the forward trace, the parameters' gradients and every
+/// sublayer's grad_output, grad_input, grad_branch_psi besides the routers' step tensors.
+io::TensorMap step_tensors(const GradCase& s, const om::ModelGrads<float>& g) {
+  io::TensorMap out = router_step_tensors(s, g);
+  for (const auto& tr : g.trace)
+    for (const auto& [f, t] : {std::pair<const char*, const Tensor<float>*>{"grad_output", &tr.grad_output},
+                               {"grad_input", &tr.grad_input}, {"grad_branch_psi", &tr.grad_branch_psi}})
+      if (!t->empty()) out[tr.name + "." + f] = stored(*t, io::DType::f32);
+  return out;
+}
+
+/// An MLP sublayer's backward that takes its pre-norm's gradient without the RMSNorm's projection
+/// term: dh = dxn gain / rms(h) (the rest of the step correct).
+Tensor<float> mlp_input_grad_without_projection(const GradCase& s, index_t block, const Tensor<float>& h,
+                                                const Tensor<float>& dout) {
+  const om::ModelConfig& cfg = s.mc.cfg;
+  const om::MlpWeights<float> W = s.m.mlp_weights(block);
+  const om::ErrorModel em{};
+  const om::Rows<float> xn = om::rms_norm(om::Rows<float>{h, {}}, *W.norm, cfg.norm_options(), em);
+  const om::Rows<float> a = om::linear(xn, *W.gate, em), b = om::linear(xn, *W.up, em);
+  const om::Rows<float> mh = om::mlp_hidden(om::Rows<float>{h, {}}, W, cfg, em);
+  const om::LinearGrads<float> gd = om::linear_backward(mh.x, *W.down, dout);
+  const om::SwiGluGrads<float> gs = om::swiglu_backward(a.x, b.x, gd.x);
+  const om::LinearGrads<float> ga = om::linear_backward(xn.x, *W.gate, gs.a), gb = om::linear_backward(xn.x, *W.up, gs.b);
+  const index_t N = h.dim(0), d = h.dim(1);
+  Tensor<float> dh({N, d});
+  for (index_t t = 0; t < N; ++t) {
+    float ss = 0;
+    for (index_t c = 0; c < d; ++c) ss += h(t, c) * h(t, c);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(cfg.norm_eps));
+    for (index_t c = 0; c < d; ++c) dh(t, c) = (ga.x(t, c) + gb.x(t, c)) * (*W.norm)[c] * inv;
+  }
+  return dh;
+}
+
+// The attention and MLP sublayers' local backward steps: with a trace of every step, the oracle's
+// float backward passes every sublayer's grad_input and parameter gradients judged on its traced
+// input and cotangents; a detached branch psi (the attention step's gradients without the psi
+// path) and an MLP whose pre-norm drops the RMSNorm's projection term each fail their own step,
+// named as the first wrong backward step, while the end-to-end rows they feed are left as given.
+TEST(ModelGradCompare, SublayerBackwardStepsAreJudgedLocally) {
+  for (const char* c : {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "kimi_full_norm_float32", "authors_oasis",
+                        "original"}) {
+    SCOPED_TRACE(c);
+    const GradCase s = make_case(c, base_seed());
+    const om::ModelConfig& cfg = s.mc.cfg;
+    const index_t B = s.mc.B, T = s.mc.T, N = B * T, d = cfg.d_model;
+    const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, B, T, s.li.R.cast<float>());
+    const io::TensorMap out = step_tensors(s, g);
+    const verify::CompareReport r = run(s, out);
+    EXPECT_TRUE(r.passed) << verify::format_report(r);
+    std::size_t rows = 0;
+    double worst = 0;
+    for (const auto& t : r.tensors)
+      if (t.step.rfind("sublayer ", 0) == 0) {
+        ++rows;
+        worst = std::max(worst, t.worst_ratio);
+      }
+    EXPECT_GE(rows, static_cast<std::size_t>(2 * cfg.n_blocks * 5)) << "every sublayer's grad_input and weights";
+    auto input_of = [&](const std::string& S) { return out.at(S + ".input").values.reshaped({N, d}).cast<float>(); };
+    auto grad_output_of = [&](const std::string& S) { return out.at(S + ".grad_output").values.reshaped({N, d}).cast<float>(); };
+    // an MLP in the middle of the backward: block 0's, whose pre-norm drops the projection term
+    {
+      io::TensorMap bad = out;
+      const std::string S = "layers.0.mlp";
+      bad[S + ".grad_input"] =
+          stored(mlp_input_grad_without_projection(s, 0, input_of(S), grad_output_of(S)).reshaped({B, T, d}), io::DType::f32);
+      const verify::CompareReport m = run(s, bad);
+      const std::string note = first_wrong_step_note(m);
+      EXPECT_TRUE(row_failed(m, S + ".grad_input (backward step)")) << verify::format_report(m);
+      EXPECT_NE(note.find("first wrong backward step (backward order): sublayer layers.0.mlp's backward"), std::string::npos)
+          << verify::format_report(m);
+      EXPECT_NE(note.find("the last correct one before it:"), std::string::npos) << note;
+      std::printf("%-28s %zu sublayer step rows PASS (worst err/allowed %.3g); MLP pre-norm projection dropped: %s\n", c,
+                  rows, worst, note.c_str());
+    }
+    // a detached branch psi: block 1's attention step without the psi cotangent (coupled models)
+    const std::string A = "layers.1.attn";
+    const Tensor<double>& dpsi = out.count(A + ".grad_branch_psi") ? out.at(A + ".grad_branch_psi").values : Tensor<double>();
+    bool psi_flows = false;
+    for (index_t i = 0; i < dpsi.size(); ++i) psi_flows = psi_flows || dpsi[i] != 0;
+    if (!psi_flows) continue;
+    const om::AttentionSublayerGrads<float> det =
+        om::attention_sublayer_backward(input_of(A), B, T, s.m.attn_weights(1), cfg, grad_output_of(A), Tensor<float>());
+    io::TensorMap bad = out;
+    bad[A + ".grad_input"] = stored(det.h.reshaped({B, T, d}), io::DType::f32);
+    bad["grad.layers.1.attn.q_proj.weight"] = stored(det.wq, io::DType::f32);
+    bad["grad.layers.1.attn.k_proj.weight"] = stored(det.wk, io::DType::f32);
+    const verify::CompareReport m = run(s, bad);
+    const std::string note = first_wrong_step_note(m);
+    EXPECT_TRUE(row_failed(m, A + ".grad_input (backward step)") ||
+                row_failed(m, "grad.layers.1.attn.q_proj.weight (backward step)"))
+        << verify::format_report(m);
+    EXPECT_NE(note.find("sublayer layers.1.attn's backward"), std::string::npos) << verify::format_report(m);
+    std::printf("%-28s branch psi detached in %s: %s\n", c, A.c_str(), note.c_str());
+  }
+}
+
+// A backward trace of a sublayer without what it read (.input) is noted, not judged.
+TEST(ModelGradCompare, SublayerStepsWithoutTheirInputAreNoted) {
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+  io::TensorMap out = step_tensors(s, g);
+  out.erase("layers.0.mlp.input");
+  const verify::CompareReport r = run(s, out);
+  EXPECT_TRUE(r.passed) << verify::format_report(r);
+  bool noted = false;
+  for (const auto& n : r.notes)
+    noted = noted || (n.find("sublayer backward steps not checked locally") != std::string::npos &&
+                      n.find("layers.0.mlp") != std::string::npos);
+  EXPECT_TRUE(noted) << verify::format_report(r);
+  for (const auto& t : r.tensors) EXPECT_NE(t.name, "layers.0.mlp.grad_input (backward step)");
 }
 
 TEST(ModelGradCompare, BadInputIsNamed) {

@@ -462,6 +462,18 @@ TEST(AttentionMergeSplitKV, OneWrongSplitIsNamedByItsIndex) {
   const verify::CompareReport r2 = check(in, split_kv(a, 16, false, 2, 2), kSplitOptions);
   EXPECT_EQ(failing(r2), "out_parts (FAIL-certain)");
   EXPECT_EQ(find(r2, "out_parts").first_mismatches[0].rfind("out_parts[2, ", 0), 0u) << find(r2, "out_parts").first_mismatches[0];
+  // the heat map of the partials: every split's cells placed, the failing ones (err/bound > 1) and
+  // the worst elements all in split 2
+  const verify::ErrorMap& m = find(r2, "out_parts").map;
+  ASSERT_FALSE(m.empty());
+  ASSERT_FALSE(m.worst.empty());
+  for (const verify::ElementError& w : m.worst) EXPECT_EQ(w.index[0], 2) << "a worst element outside split 2";
+  const index_t per_split = static_cast<index_t>(m.cells.size()) / m.blocks[0];
+  ASSERT_EQ(m.block[0], 1);
+  for (index_t c = 0; c < static_cast<index_t>(m.cells.size()); ++c) {
+    EXPECT_NE(m.cells[static_cast<std::size_t>(c)], -1.0f) << "cell " << c << " of a checked split left empty";
+    if (m.cells[static_cast<std::size_t>(c)] > 1.0f) EXPECT_EQ(c / per_split, 2) << "failing cell " << c;
+  }
 }
 
 TEST(AttentionMergeSplitKV, InconsistentCallsAreNamedErrors) {

@@ -246,8 +246,22 @@ TEST_F(Hostile, Configurations) {
              "{\"op\": \"attention\", \"inputs\": {\"q\": \"q.npy\", \"k\": \"k.npy\", \"v\": \"v.npy\", "
              "\"cu_seqlens_q\": \"q.npy\", \"cu_seqlens_k\": \"q.npy\"}, \"outputs\": {\"out\": \"out.npy\"}, "
              "\"options\": {\"layout\": \"thd\"}}");
+  // Block AttnRes: a partial that is not [N, d] of the blocks, blocks of rank 2
+  const auto f32 = [](oasis::Shape sh) { return oio::StoredTensor{oio::DType::f32, Tensor<double>(std::move(sh), 0.25)}; };
+  oio::write_npy(d + "/blocks.npy", f32({2, 3, 4}));
+  oio::write_npy(d + "/partial_bad.npy", f32({3, 5}));
+  oio::write_npy(d + "/w4.npy", f32({4}));
+  oio::write_npy(d + "/h.npy", f32({3, 4}));
+  const auto block_config = [&](const std::string& name, const std::string& blocks, const std::string& partial) {
+    write_text(d + "/" + name + ".json", "{\"op\": \"block_attn_res\", \"inputs\": {\"blocks\": \"" + blocks +
+                                             "\", \"partial\": \"" + partial +
+                                             "\", \"w\": \"w4.npy\"}, \"outputs\": {\"h\": \"h.npy\"}}");
+    return d + "/" + name + ".json";
+  };
   const std::vector<Case> cases = {
       {"unknown_op", {d + "/unknown_op.json"}, "atention"},
+      {"block_partial_shape", {block_config("b1", "blocks.npy", "partial_bad.npy")}, "is not [N, d] = [3, 4]"},
+      {"block_blocks_rank_2", {block_config("b2", "partial_bad.npy", "partial_bad.npy")}, "blocks"},
       {"config_not_an_object", {d + "/not_object.json"}, "must be a JSON object"},
       {"unknown_option", {attention_config("k1", "q.npy", "{\"casual\": true}")}, "casual"},
       {"unknown_key", {attention_config("k2", "q.npy", "{}", ", \"outptus\": {}")}, "outptus"},

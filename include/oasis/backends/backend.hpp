@@ -54,4 +54,15 @@ DepthRoute<float> attn_res_route(Backend b, const Tensor<float>& sources, const 
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt = {});
 
+/// The fused AttnRes routing (oasis/ops/attn_res.hpp: logits scale w^T RMSNorm(s_i) computed from the
+/// sources, then attn_res_route) on the chosen backend; psi [n, N] is read with coupling only.
+DepthRoute<float> attn_res(Backend b, const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                           const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                           const AttnResOptions& opt = {});
+/// Its backward (oasis/grad/attn_res_backward.hpp): grad sources is the total, through the mix and the keys.
+AttnResGrads<float> attn_res_backward(Backend b, const Tensor<float>& sources, const Tensor<float>& w,
+                                      const Tensor<float>& gain, const Tensor<float>& psi,
+                                      const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                      const DepthCotangents<float>& d);
+
 }  // namespace oasis

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 #include "oasis/ops/attention.hpp"
+#include "oasis/ops/attn_res.hpp"
 #include "oasis/ops/depth.hpp"
 
 namespace oasis {
@@ -35,6 +37,14 @@ struct BackendOps {
   DepthRoute<float> (*attn_res_route)(const Tensor<float>& sources, const Tensor<float>& g_old,
                                       const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                       const DepthOptions& opt);
+  /// The fused AttnRes routing (oasis/ops/attn_res.hpp) and its backward (oasis/grad/attn_res_backward.hpp).
+  DepthRoute<float> (*attn_res)(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                                const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                                const AttnResOptions& opt);
+  AttnResGrads<float> (*attn_res_backward)(const Tensor<float>& sources, const Tensor<float>& w,
+                                           const Tensor<float>& gain, const Tensor<float>& psi,
+                                           const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                           const DepthCotangents<float>& d);
 };
 
 /// Adds a backend after the library's own (the table is copied, its name included); thread-safe.
@@ -62,5 +72,12 @@ AttentionGrads<float> token_attention_backward(const BackendOps& b, const Tensor
 DepthRoute<float> attn_res_route(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& g_old,
                                  const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
                                  const DepthOptions& opt = {});
+DepthRoute<float> attn_res(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& w,
+                           const Tensor<float>& gain, const Tensor<float>& psi, const std::vector<SourceKind>& kinds,
+                           const AttnResOptions& opt = {});
+AttnResGrads<float> attn_res_backward(const BackendOps& b, const Tensor<float>& sources, const Tensor<float>& w,
+                                      const Tensor<float>& gain, const Tensor<float>& psi,
+                                      const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                                      const DepthCotangents<float>& d);
 
 }  // namespace oasis

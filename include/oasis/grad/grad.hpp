@@ -13,6 +13,7 @@
 #pragma once
 
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 #include "oasis/grad/backward_bounds.hpp"
 #include "oasis/grad/coupling_backward.hpp"
 #include "oasis/grad/depth_backward.hpp"

@@ -74,7 +74,7 @@ struct kernel_abort : std::runtime_error {
 /// "mask", "gqa" (H > Hkv), "decode" (Tq < Tk), "tq_gt_tk", "batch" (B > 1), "null_logits" (the
 /// input null_logits; without it every case has none: plain softmax attention is not fuzzed),
 /// "grad_lse", "grad_p_null", "infinite_null" (null logits of +-inf), "coupling" (depth ops),
-/// "gain" (pseudo_query ops).
+/// "gain" (pseudo_query ops), "partial" (block_attn_res: a layer after its block's first).
 std::vector<std::string> feature_names();
 
 /// One entry of the catalogue (docs/fuzz.md).

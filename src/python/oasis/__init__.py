@@ -18,7 +18,11 @@ replay folder for ``oasis-verify compare``::
 
 and compute the oracle's functions on NumPy arrays in float32 or float64, bit for bit as the
 C++ library: softmax1, normalize, token_attention, null_statistic, null_statistic_from_mass,
-couple_depth_logits, attn_res_route, pseudo_query_logits, Model.forward.
+couple_depth_logits, attn_res_route, pseudo_query_logits, Model.forward; and the library's
+kernel-interface functions on any of its backends (``backend="reference"``, the default, or
+"cpu_fast", "cuda": ``oasis.backends()``): token_attention and its backward, attn_res_route,
+attn_res, block_attn_res and their backwards, token_attention_varlen (and backward),
+token_attention_paged.
 
 Tensors are NumPy arrays or torch tensors (torch is never required); bfloat16 is a torch
 bfloat16 tensor or ``oasis.bf16(uint16_bits)``. Bad input raises InvalidArgument (a ValueError)
@@ -42,6 +46,8 @@ __all__ = [
     "InvalidArgument", "Report", "Model", "bf16", "check", "check_model", "op_names", "describe_ops", "config_fields",
     "softmax1", "normalize", "token_attention", "null_statistic", "null_statistic_from_mass",
     "couple_depth_logits", "attn_res_route", "pseudo_query_logits",
+    "backends", "backend_available", "token_attention_backward", "attn_res", "attn_res_backward", "block_attn_res",
+    "block_attn_res_backward", "token_attention_varlen", "token_attention_varlen_backward", "token_attention_paged",
     "TraceRecorder", "record", "record_grad", "trace_scope", "TRACE_FIELDS", "GRAD_FIELDS", "figures",
     "fuzz", "fuzz_regimes", "fuzz_features", "FuzzReport", "FuzzTimeout",
 ]
@@ -305,21 +311,38 @@ def softmax1(z, s=0.0):
     return normalize(z, "softmax1", s)
 
 
-def token_attention(q, k, v, *, normalizer=None, null_logits=None, causal=None, key_lengths=None, scale=None,
-                    window=None, bias=None, layout=None, return_probs=None, masked_row=None, gamma=None, zeta=None):
-    """The reference token attention (docs/spec.md §2, §8): dict out, lse, p_null (and probs with
-    return_probs=True). q [B,H,Tq,d_h], k [B,H_kv,Tk,d_h], v [B,H_kv,Tk,d_v] (layout "bhtd", the
-    default) or [B,T,H,d] (layout "bthd")."""
-    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+def _backend(backend):
+    if not isinstance(backend, str):
+        _fail("backend", f"expected a backend's name (oasis.backends()), got {type(backend).__name__}")
+    return backend
+
+
+def _attention_opts(null_logits=None, key_lengths=None, **kw):
     if null_logits is not None:
         null_logits = _arrays.number_list(null_logits, "null_logits")
     if key_lengths is not None:
         key_lengths = _arrays.number_list(key_lengths, "key_lengths")
-    b = None if bias is None else _arrays.array(bias, "bias")
-    return _core.token_attention(q, k, v, b, _opts(normalizer=normalizer, null_logits=null_logits, causal=causal,
-                                                   key_lengths=key_lengths, scale=scale, window=window, layout=layout,
-                                                   return_probs=return_probs, masked_row=masked_row, gamma=gamma,
-                                                   zeta=zeta))
+    return _opts(null_logits=null_logits, key_lengths=key_lengths, **kw)
+
+
+def _optional(x, name):
+    return None if x is None else _arrays.array(x, name)
+
+
+def token_attention(q, k, v, *, normalizer=None, null_logits=None, causal=None, key_lengths=None, scale=None,
+                    window=None, bias=None, layout=None, return_probs=None, masked_row=None, gamma=None, zeta=None,
+                    backend="reference"):
+    """Token attention (docs/spec.md §2, §8): dict out, lse, p_null (and probs with
+    return_probs=True). q [B,H,Tq,d_h], k [B,H_kv,Tk,d_h], v [B,H_kv,Tk,d_v] (layout "bhtd", the
+    default) or [B,T,H,d] (layout "bthd"). ``backend``: "reference" (float32 or float64, the
+    library's bits) or another of ``oasis.backends()`` (float32 only)."""
+    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+    return _core.token_attention(q, k, v, _optional(bias, "bias"),
+                                 _attention_opts(normalizer=normalizer, null_logits=null_logits, causal=causal,
+                                                 key_lengths=key_lengths, scale=scale, window=window, layout=layout,
+                                                 return_probs=return_probs, masked_row=masked_row, gamma=gamma,
+                                                 zeta=zeta),
+                                 _backend(backend))
 
 
 def null_statistic(p_null):
@@ -341,15 +364,17 @@ def couple_depth_logits(g_old, dpsi, beta, *, profile=None, centring=None, headl
 
 
 def attn_res_route(sources, g_old, psi=None, *, kinds=None, normalizer=None, coupling=None, profile=None,
-                   centring=None, headless=None, theta=None, beta=None, beta_max=None, score_clamp=None):
+                   centring=None, headless=None, theta=None, beta=None, beta_max=None, score_clamp=None,
+                   backend="reference"):
     """Depth routing of one layer over N tokens (docs/spec.md §3-4): sources [n, N, d], g_old [n, N],
     psi [n, N] (needed with coupling); options as op "depth" of check(). Returns dict h [N, d],
-    alpha [n, N], alpha_null [N], g [n, N], dpsi [n, N]."""
+    alpha [n, N], alpha_null [N], g [n, N], dpsi [n, N]. ``backend`` as for token_attention."""
     p = None if psi is None else _arrays.array(psi, "psi")
     return _core.attn_res_route(_arrays.array(sources, "sources"), _arrays.array(g_old, "g_old"), p,
                                 _opts(kinds=kinds, normalizer=normalizer, coupling=coupling, profile=profile,
                                       centring=centring, headless=headless, theta=theta, beta=beta,
-                                      beta_max=beta_max, score_clamp=score_clamp))
+                                      beta_max=beta_max, score_clamp=score_clamp),
+                                _backend(backend))
 
 
 def pseudo_query_logits(sources, w, gain=None, *, eps=None, compute_in_float32=None):
@@ -357,3 +382,146 @@ def pseudo_query_logits(sources, w, gain=None, *, eps=None, compute_in_float32=N
     gn = None if gain is None else _arrays.array(gain, "gain")
     return _core.pseudo_query_logits(_arrays.array(sources, "sources"), _arrays.array(w, "w"), gn,
                                      _opts(eps=eps, compute_in_float32=compute_in_float32))
+
+
+# ---- backends and kernel-interface functions ---------------------------------------------------------------
+
+
+def backends():
+    """The names of the backends usable in this process, "reference" first (then "cpu_fast", and
+    "cuda" when built with CUDA and a device is present)."""
+    return _core.backends()
+
+
+def backend_available(name):
+    """True if the backend ``name`` is usable now (an unknown name is an InvalidArgument)."""
+    return _core.backend_available(_backend(name))
+
+
+def token_attention_backward(q, k, v, grad_out, grad_lse=None, grad_p_null=None, *, normalizer=None,
+                             null_logits=None, causal=None, key_lengths=None, scale=None, window=None, bias=None,
+                             layout=None, return_probs=None, masked_row=None, gamma=None, zeta=None,
+                             backend="reference"):
+    """The backward of token_attention (docs/spec.md §8) from the cotangents of its outputs:
+    grad_out (the shape of out), grad_lse and grad_p_null [B, H, Tq] (None: 0); options as
+    token_attention. Returns dict grad_q, grad_k, grad_v (k, v summed over each GQA group),
+    grad_null_logits [H] (softmax1), grad_bias (with a bias), grad_scores [B, H, Tq, Tk] (dL/dz,
+    with return_probs=True)."""
+    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+    return _core.token_attention_backward(
+        q, k, v, _arrays.array(grad_out, "grad_out"), _optional(grad_lse, "grad_lse"),
+        _optional(grad_p_null, "grad_p_null"), _optional(bias, "bias"),
+        _attention_opts(normalizer=normalizer, null_logits=null_logits, causal=causal, key_lengths=key_lengths,
+                        scale=scale, window=window, layout=layout, return_probs=return_probs, masked_row=masked_row,
+                        gamma=gamma, zeta=zeta),
+        _backend(backend))
+
+
+def _attn_res_opts(eps, scale, kinds, normalizer, coupling, profile, centring, headless, theta, beta, beta_max,
+                   score_clamp):
+    return _opts(eps=eps, scale=scale, kinds=kinds, normalizer=normalizer, coupling=coupling, profile=profile,
+                 centring=centring, headless=headless, theta=theta, beta=beta, beta_max=beta_max,
+                 score_clamp=score_clamp)
+
+
+def attn_res(sources, w, gain=None, psi=None, *, eps=None, scale=None, kinds=None, normalizer=None, coupling=None,
+             profile=None, centring=None, headless=None, theta=None, beta=None, beta_max=None, score_clamp=None,
+             backend="reference"):
+    """The fused AttnRes routing (fla's naive_attnres; docs/spec.md §4): g_i = scale w^T RMSNorm(s_i)
+    (eps 1e-6, scale 1, gain optional) computed from sources [n, N, d], then depth routing with
+    normalizer softmax unless given and coupling when psi [n, N] is given: options as op "attn_res"
+    of check(). Returns dict h [N, d], alpha [n, N], alpha_null [N], g [n, N] (the routed logits),
+    dpsi [n, N]."""
+    return _core.attn_res(_arrays.array(sources, "sources"), _arrays.array(w, "w"), _optional(gain, "gain"),
+                          _optional(psi, "psi"),
+                          _attn_res_opts(eps, scale, kinds, normalizer, coupling, profile, centring, headless, theta,
+                                         beta, beta_max, score_clamp),
+                          _backend(backend))
+
+
+def attn_res_backward(sources, w, grad_h, gain=None, psi=None, grad_alpha=None, grad_alpha_null=None, *, eps=None,
+                      scale=None, kinds=None, normalizer=None, coupling=None, profile=None, centring=None,
+                      headless=None, theta=None, beta=None, beta_max=None, score_clamp=None, backend="reference"):
+    """The backward of attn_res from grad_h [N, d], grad_alpha [n, N], grad_alpha_null [N] (None: 0).
+    Returns dict grad_sources [n, N, d] (the total, through the mix and the keys), grad_w [d],
+    grad_gain [d] (with a gain), grad_psi [n, N], grad_logits [n, N] (dL/dg of the scaled logits),
+    grad_beta [1], grad_theta [1]."""
+    return _core.attn_res_backward(
+        _arrays.array(sources, "sources"), _arrays.array(w, "w"), _arrays.array(grad_h, "grad_h"),
+        _optional(gain, "gain"), _optional(psi, "psi"), _optional(grad_alpha, "grad_alpha"),
+        _optional(grad_alpha_null, "grad_alpha_null"),
+        _attn_res_opts(eps, scale, kinds, normalizer, coupling, profile, centring, headless, theta, beta, beta_max,
+                       score_clamp),
+        _backend(backend))
+
+
+def block_attn_res(blocks, w, partial=None, gain=None, psi=None, *, eps=None, scale=None, kinds=None,
+                   normalizer=None, coupling=None, profile=None, centring=None, headless=None, theta=None, beta=None,
+                   beta_max=None, score_clamp=None, backend="reference"):
+    """Block AttnRes (Kimi, Eq. 5-6): attn_res over the sources [b_0 .. b_{m-1}, partial] stacked from
+    blocks [m, N, d] and the partial sum [N, d] (optional; its weight is alpha's last row); psi and
+    kinds describe the stacked sources. Returns dict h, alpha, alpha_null, g, dpsi as attn_res."""
+    return _core.block_attn_res(_arrays.array(blocks, "blocks"), _optional(partial, "partial"),
+                                _arrays.array(w, "w"), _optional(gain, "gain"), _optional(psi, "psi"),
+                                _attn_res_opts(eps, scale, kinds, normalizer, coupling, profile, centring, headless,
+                                               theta, beta, beta_max, score_clamp),
+                                _backend(backend))
+
+
+def block_attn_res_backward(blocks, w, grad_h, partial=None, gain=None, psi=None, grad_alpha=None,
+                            grad_alpha_null=None, *, eps=None, scale=None, kinds=None, normalizer=None, coupling=None,
+                            profile=None, centring=None, headless=None, theta=None, beta=None, beta_max=None,
+                            score_clamp=None, backend="reference"):
+    """The backward of block_attn_res: dict grad_blocks [m, N, d], grad_partial [N, d] (with a
+    partial), then grad_w, grad_gain, grad_psi, grad_logits, grad_beta, grad_theta as attn_res_backward."""
+    return _core.block_attn_res_backward(
+        _arrays.array(blocks, "blocks"), _arrays.array(w, "w"), _arrays.array(grad_h, "grad_h"),
+        _optional(partial, "partial"), _optional(gain, "gain"), _optional(psi, "psi"),
+        _optional(grad_alpha, "grad_alpha"), _optional(grad_alpha_null, "grad_alpha_null"),
+        _attn_res_opts(eps, scale, kinds, normalizer, coupling, profile, centring, headless, theta, beta, beta_max,
+                       score_clamp),
+        _backend(backend))
+
+
+def token_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, normalizer=None, null_logits=None, causal=None,
+                           scale=None, window=None, masked_row=None, gamma=None, zeta=None, backend="reference"):
+    """Token attention on packed sequences (THD, FlashAttention's varlen): q [total_q, H, d_h],
+    k [total_k, H_kv, d_h], v [total_k, H_kv, d_v], cu_seqlens_q / cu_seqlens_k the B + 1 offsets
+    (integers). Returns dict out [total_q, H, d_v], lse and p_null [H, total_q] (head-major)."""
+    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+    return _core.token_attention_varlen(
+        q, k, v, _arrays.int_list(cu_seqlens_q, "cu_seqlens_q"), _arrays.int_list(cu_seqlens_k, "cu_seqlens_k"),
+        _attention_opts(normalizer=normalizer, null_logits=null_logits, causal=causal, scale=scale, window=window,
+                        masked_row=masked_row, gamma=gamma, zeta=zeta),
+        _backend(backend))
+
+
+def token_attention_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, grad_out, grad_lse=None, grad_p_null=None, *,
+                                    normalizer=None, null_logits=None, causal=None, scale=None, window=None,
+                                    masked_row=None, gamma=None, zeta=None, backend="reference"):
+    """The backward of token_attention_varlen: grad_out [total_q, H, d_v], grad_lse and grad_p_null
+    [H, total_q] (None: 0). Returns dict grad_q, grad_k, grad_v (packed), grad_null_logits [H]
+    (softmax1; summed over the sequences)."""
+    q, k, v = _arrays.array(q, "q"), _arrays.array(k, "k"), _arrays.array(v, "v")
+    return _core.token_attention_varlen_backward(
+        q, k, v, _arrays.int_list(cu_seqlens_q, "cu_seqlens_q"), _arrays.int_list(cu_seqlens_k, "cu_seqlens_k"),
+        _arrays.array(grad_out, "grad_out"), _optional(grad_lse, "grad_lse"), _optional(grad_p_null, "grad_p_null"),
+        _attention_opts(normalizer=normalizer, null_logits=null_logits, causal=causal, scale=scale, window=window,
+                        masked_row=masked_row, gamma=gamma, zeta=zeta),
+        _backend(backend))
+
+
+def token_attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, normalizer=None, null_logits=None,
+                          causal=None, scale=None, window=None, layout=None, masked_row=None, gamma=None, zeta=None,
+                          backend="reference"):
+    """Token attention over a paged KV cache (vLLM, FlashInfer): q [B, H, Tq, d_h] (or [B, Tq, H, d_h]
+    with layout "bthd"), k_cache / v_cache [num_blocks, block_size, H_kv, d], block_table
+    [B, max_blocks] and seq_lens [B] integers (sequence b's key j lives in block
+    block_table[b, j // block_size]; the new queries are the last Tq keys). Cache slots no sequence
+    reads may hold anything, NaN included. Returns dict out (the layout of q), lse, p_null [B, H, Tq]."""
+    return _core.token_attention_paged(
+        _arrays.array(q, "q"), _arrays.array(k_cache, "k_cache"), _arrays.array(v_cache, "v_cache"),
+        _arrays.int_array(block_table, "block_table"), _arrays.int_list(seq_lens, "seq_lens"),
+        _attention_opts(normalizer=normalizer, null_logits=null_logits, causal=causal, scale=scale, window=window,
+                        layout=layout, masked_row=masked_row, gamma=gamma, zeta=zeta),
+        _backend(backend))

@@ -144,6 +144,36 @@ def int_ids(x, name="ids"):
     return np.ascontiguousarray(x, dtype=np.int64)
 
 
+def int_list(x, name):
+    """A list of Python ints from a 1-d integer sequence, array or tensor (cu_seqlens, seq_lens)."""
+    if _is_torch(x):
+        x = _from_torch(x)
+    if isinstance(x, (list, tuple)):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
+            fail(name, "expected a sequence of integers")
+        x = np.asarray(x, dtype=np.int64) if x else np.zeros(0, dtype=np.int64)
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
+        fail(name, f"expected a 1-d integer sequence or array, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim != 1:
+        fail(name, f"expected a 1-d sequence, got shape {list(x.shape)}")
+    if x.dtype == np.uint64 and x.size and x.max() >= 2**63:
+        fail(name, "entry beyond int64")
+    return [int(v) for v in x.tolist()]
+
+
+def int_array(x, name):
+    """An integer array (block_table) as a C-contiguous int64 array."""
+    if _is_torch(x):
+        x = _from_torch(x)
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
+        fail(name, f"expected an integer array, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dtype == np.uint64 and x.size and x.max() >= 2**63:
+        fail(name, "entry beyond int64")
+    return np.ascontiguousarray(x, dtype=np.int64)
+
+
 def number_list(x, name):
     """A list of Python numbers from a sequence, array or tensor (exact for float32 and float64)."""
     if _is_torch(x) or isinstance(x, np.ndarray):

@@ -2,9 +2,11 @@
 // op evaluated in float32 on the case's inputs (widened exactly from 16 bits), outputs stored as
 // f32. A correct implementation of every op the fuzzer drives: the fuzzer's own no-false-alarm
 // baseline (tests/fuzz) and the example of docs/fuzz.md.
+#include <algorithm>
 #include <cmath>
 
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 #include "oasis/grad/coupling_backward.hpp"
 #include "oasis/grad/depth_backward.hpp"
 #include "oasis/grad/pseudo_query_backward.hpp"
@@ -98,37 +100,41 @@ io::TensorMap pseudo_query(const std::string& op, const io::TensorMap& in, const
   return out;
 }
 
-/// The fused AttnRes routing composed of the library's float functions: the logits
-/// scale w^T RMSNorm(s_i), the route, and backward the depth backward, dg = scale dg_old, the
-/// pseudo-query backward, grad_sources the sum of the mix's and the keys' parts.
+/// The fused AttnRes routing of the library (oasis/ops/attn_res.hpp, oasis/grad/attn_res_backward.hpp)
+/// in float. Block AttnRes routes over Kimi's torch.stack(blocks + [partial_block])
+/// (stack_block_sources); its gradient is split into grad_blocks and grad_partial.
 io::TensorMap attn_res(const std::string& op, const io::TensorMap& in, const Options& o) {
-  KeyNormOptions k;
-  k.eps = o.number("eps", k.eps);
-  const float scale = static_cast<float>(o.number("scale", 1.0));
-  DepthOptions d = vd::parse_depth_options(o, in.count("psi") > 0);
-  if (!o.has("normalizer")) d.normalizer = RowNorm::softmax;  // the op's default, fla's
-  const TF src = in_f(in, "sources"), w = in_f(in, "w"), gain = opt_f(in, "gain");
+  const bool block = op == "block_attn_res" || op == "block_attn_res_backward";
+  AttnResOptions a;
+  a.key_norm.eps = o.number("eps", a.key_norm.eps);
+  a.scale = o.number("scale", 1.0);
+  a.depth = vd::parse_depth_options(o, in.count("psi") > 0);
+  if (!o.has("normalizer")) a.depth.normalizer = RowNorm::softmax;  // the op's default, fla's
+  const TF blocks = block ? in_f(in, "blocks") : TF(), partial = block ? opt_f(in, "partial") : TF();
+  const TF src = block ? stack_block_sources(blocks, partial) : in_f(in, "sources"), w = in_f(in, "w"),
+           gain = opt_f(in, "gain");
   const index_t n = src.dim(0), N = src.dim(1);
   const std::vector<SourceKind> kinds = vd::parse_kinds(o, n);
   const TF psi = in.count("psi") ? in_f(in, "psi") : TF({n, N});
-  TF g = pseudo_query_logits(src, w, gain, k);
-  for (index_t i = 0; i < g.size(); ++i) g[i] *= scale;
   io::TensorMap out;
-  if (op == "attn_res") {
-    const DepthRoute<float> r = attn_res_route(src, g, psi, kinds, d);
+  if (op == "attn_res" || op == "block_attn_res") {
+    const DepthRoute<float> r = oasis::attn_res(src, w, gain, psi, kinds, a);
     out["h"] = f32(r.h), out["alpha"] = f32(r.alpha), out["alpha_null"] = f32(r.alpha_null);
     return out;
   }
-  const DepthGrads<float> dr = attn_res_route_backward(
-      src, g, psi, kinds, d, DepthCotangents<float>{in_f(in, "grad_h"), opt_f(in, "grad_alpha"), opt_f(in, "grad_alpha_null")});
-  TF dg = dr.g_old;
-  for (index_t i = 0; i < dg.size(); ++i) dg[i] *= scale;
-  const PseudoQueryGrads<float> kg = pseudo_query_logits_backward(src, w, gain, dg, k);
-  TF ds = dr.sources;
-  for (index_t i = 0; i < ds.size(); ++i) ds[i] += kg.sources[i];
-  out["grad_sources"] = f32(ds), out["grad_w"] = f32(kg.w);
-  if (!gain.empty()) out["grad_gain"] = f32(kg.gain);
-  if (d.coupling) out["grad_psi"] = f32(dr.psi);
+  AttnResGrads<float> g = attn_res_backward(
+      src, w, gain, psi, kinds, a,
+      DepthCotangents<float>{in_f(in, "grad_h"), opt_f(in, "grad_alpha"), opt_f(in, "grad_alpha_null")});
+  if (block) {
+    const BlockAttnResGrads<float> b = split_block_grads(g, blocks.dim(0), !partial.empty());
+    out["grad_blocks"] = f32(b.blocks);
+    if (!partial.empty()) out["grad_partial"] = f32(b.partial);
+  } else {
+    out["grad_sources"] = f32(g.sources);
+  }
+  out["grad_w"] = f32(g.w);
+  if (!gain.empty()) out["grad_gain"] = f32(g.gain);
+  if (a.depth.coupling) out["grad_psi"] = f32(g.psi);
   return out;
 }
 

@@ -64,10 +64,11 @@ std::string family(const std::string& op) {
   if (op == "depth" || op == "depth_backward" || op == "coupling") return "depth";
   if (op == "pseudo_query" || op == "pseudo_query_backward") return "pseudo_query";
   if (op == "attention_merge") return "merge";
-  if (op == "attn_res" || op == "attn_res_backward") return "attn_res";
+  if (op == "attn_res" || op == "attn_res_backward" || op == "block_attn_res" || op == "block_attn_res_backward")
+    return "attn_res";
   throw invalid_argument("op", "'" + op + "' is not an op the fuzzer drives (expected attention, attention_backward, normalizer, "
                                "psi, psi_backward, depth, depth_backward, coupling, pseudo_query, pseudo_query_backward, "
-                               "attention_merge, attn_res or attn_res_backward)");
+                               "attention_merge, attn_res, attn_res_backward, block_attn_res or block_attn_res_backward)");
 }
 
 std::vector<std::string> dim_fields(const std::string& op) {
@@ -132,6 +133,7 @@ std::set<std::string> case_features(const Case& c) {
     if (c.op == "coupling" || opt("coupling") == "true") f.insert("coupling");
     if (c.inputs.count("grad_alpha") || c.inputs.count("grad_alpha_null")) f.insert("grad_alpha");
     if (fam == "attn_res" && c.inputs.count("gain")) f.insert("gain");
+    if (c.inputs.count("partial")) f.insert("partial");
   } else if (c.inputs.count("gain")) {
     f.insert("gain");
   }
@@ -192,7 +194,7 @@ std::string Case::options_json() const {
 
 std::vector<std::string> feature_names() {
   return {"causal", "noncausal", "window", "key_lengths", "bias", "mask", "gqa", "decode", "tq_gt_tk", "batch",
-          "null_logits", "infinite_null", "grad_lse", "grad_p_null", "mass", "coupling", "grad_alpha", "gain"};
+          "null_logits", "infinite_null", "grad_lse", "grad_p_null", "mass", "coupling", "grad_alpha", "gain", "partial"};
 }
 
 std::vector<RegimeInfo> regimes(const std::string& op) {

@@ -1,6 +1,7 @@
 // src/verify/fuzz/regimes.hpp — the regimes' generators behind oasis/verify/fuzz.hpp. A regime
 // fills a Case at given sizes; regimes_attention.cpp holds the attention ops' (normalizer too),
-// regimes_other.cpp the psi, depth, pseudo-query and fused AttnRes ops', regimes_merge.cpp attention_merge's.
+// regimes_other.cpp the psi, depth, pseudo-query and fused and block AttnRes ops', regimes_merge.cpp
+// attention_merge's.
 // The catalogue is docs/fuzz.md.
 #pragma once
 
@@ -61,7 +62,8 @@ const std::vector<Regime>& catalogue();
 
 /// The family of an op: "attention" (attention, attention_backward), "normalizer", "psi"
 /// (psi, psi_backward), "depth" (depth, depth_backward, coupling), "pseudo_query" (and its backward),
-/// "merge" (attention_merge), "attn_res" (attn_res, attn_res_backward).
+/// "merge" (attention_merge), "attn_res" (attn_res, attn_res_backward, block_attn_res,
+/// block_attn_res_backward).
 std::string family(const std::string& op);
 
 /// Which Dims fields an op's cases use, in the shrinker's order.

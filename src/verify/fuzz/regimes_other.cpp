@@ -1,7 +1,8 @@
 // src/verify/fuzz/regimes_other.cpp — the regimes of normalizer, the psi ops, the depth ops
 // (depth, depth_backward, coupling), the pseudo-query ops and the fused AttnRes ops (attn_res,
-// attn_res_backward): the null at its extremes, the estimator at its kink, one or one dominant
-// source, logits at the clamps, degenerate RMS norms.
+// attn_res_backward, and Block AttnRes's block_attn_res, block_attn_res_backward): the null at its
+// extremes, the estimator at its kink, one or one dominant source, logits at the clamps,
+// degenerate RMS norms, a block's first layer (no partial) and a single block.
 // docs/fuzz.md gives each regime's bug class.
 #include <cmath>
 #include <limits>
@@ -272,6 +273,64 @@ void add_attn_res(std::vector<Regime>& out) {
       {"gain"}, v, {});
 }
 
+// ---- Block AttnRes: blocks [L, N, d] (b_0 .. b_{L-1}), the partial b_n^{i-1} [N, d], w, gain ---
+
+struct BlockSpec {
+  double base = 2.0;       ///< block k's scale is 1 + (base - 1) k for base <= 2, base^k above (sums over sublayers)
+  bool coupled = false;    ///< OASIS: softmax1, psi, incoming gradients of alpha and alpha_null
+};
+
+/// Variant 0: a layer after its block's first (the partial present, the last source); variant 1: a
+/// block's first layer (the blocks alone).
+void gen_block_attn_res(Case& c, const BlockSpec& s, int variant, Rng& rng) {
+  const Dims& d = c.dims;
+  const bool partial = variant == 0;
+  const index_t n = d.L + (partial ? 1 : 0);
+  auto block_scale = [&](index_t k) {
+    const double x = static_cast<double>(k);
+    return s.base <= 2.0 ? 1.0 + (s.base - 1.0) * x : std::pow(s.base, x);
+  };
+  c.inputs["blocks"] = make_tensor(c.dtype, {d.L, d.N, d.d}, [&](index_t i) { return rng.normal() * block_scale(i / (d.N * d.d)); });
+  // the partial sums fewer sublayers than a completed block: half the last block's scale
+  if (partial) c.inputs["partial"] = randn(c.dtype, {d.N, d.d}, rng, 0.5 * block_scale(d.L - 1));
+  c.inputs["w"] = randn(c.dtype, {d.d}, rng, 0.3);
+  c.inputs["gain"] = make_tensor(c.dtype, {d.d}, [&](index_t) { return 1.0 + 0.1 * rng.normal(); });
+  if (s.coupled) {
+    c.options["normalizer"] = "\"softmax1\"";
+    c.options["coupling"] = "true";
+    c.inputs["psi"] = make_tensor(c.dtype, {n, d.N}, [&](index_t) { return rng.uniform(); });
+  }
+  if (c.op == "block_attn_res_backward") {
+    c.inputs["grad_h"] = randn(c.dtype, {d.N, d.d}, rng);
+    if (s.coupled) {
+      c.inputs["grad_alpha"] = randn(c.dtype, {n, d.N}, rng);
+      c.inputs["grad_alpha_null"] = randn(c.dtype, {d.N}, rng);
+    }
+  }
+}
+
+void add_block_attn_res(std::vector<Regime>& out) {
+  const std::vector<std::string> ops = {"block_attn_res", "block_attn_res_backward"};
+  const Dims least = depth_dims(1, 1, 1);
+  auto reg = [&](std::string name, std::string desc, std::string targets, std::vector<std::string> needs, index_t m,
+                 BlockSpec spec) {
+    out.push_back(make_regime(std::move(name), ops, std::move(desc), std::move(targets), std::move(needs),
+                              {{"partial", depth_dims(m, 32, 64)}, {"first_layer", depth_dims(m, 32, 64)}}, least,
+                              [spec](Case& c, int variant, Rng& r) { gen_block_attn_res(c, spec, variant, r); }));
+  };
+  reg("block_typical", "Kimi's Block AttnRes: 4 block summaries growing with depth, the partial (or none: a block's first layer)",
+      "the partial dropped or its weight not alpha's last row; its gradient the mix only; a block's gradient in the wrong block",
+      {"gain"}, 4, {});
+  reg("block_coupled", "OASIS on blocks: softmax1 with psi over the blocks and the partial, incoming gradients of alpha",
+      "psi's or grad_alpha's rows misaligned with the stack (the partial's row not the last); the depth null dropped",
+      {"gain", "coupling", "grad_alpha"}, 4, {2.0, true});
+  reg("block_one_block", "m = 1: the embedding b_0 and the first block's partial, or the embedding alone",
+      "a loop over m - 1 blocks; a softmax over one source", {"gain"}, 1, {});
+  reg("block_large_sums", "block summaries of scale 16^k (sums over many sublayers), the partial half the last",
+      "the mean of squares in 16 bits (overflow); the mix's large terms against the small", {"gain"}, 3,
+      {16.0, false});
+}
+
 }  // namespace
 
 void add_other_regimes(std::vector<Regime>& out) {
@@ -280,6 +339,7 @@ void add_other_regimes(std::vector<Regime>& out) {
   add_depth(out);
   add_pseudo_query(out);
   add_attn_res(out);
+  add_block_attn_res(out);
 }
 
 }  // namespace oasis::verify::fuzz::detail

@@ -1,12 +1,14 @@
 // tests/verify/compare_test_util.hpp — shared by the tests of `oasis-verify compare`: a fresh
 // temporary directory, a configuration run through compare, a tensor of a report by name, the
-// report's first wrong step, and the configuration of a model check.
+// report's first wrong step, its failing tensors and a one-line-per-tensor summary, and the
+// configuration of a model check.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
@@ -39,6 +41,22 @@ inline const verify::TensorReport& find(const verify::CompareReport& r, const st
 }
 
 /// The report's "first wrong step" note names this tensor.
+/// The names of the report's failing tensors.
+inline std::set<std::string> failing_tensors(const verify::CompareReport& r) {
+  std::set<std::string> s;
+  for (const auto& t : r.tensors)
+    if (!t.passed) s.insert(t.name);
+  return s;
+}
+
+/// The oracle line and each tensor's verdict and worst ratio, for a failure message.
+inline std::string describe_report(const verify::CompareReport& r) {
+  std::string s = "oracle " + r.oracle;
+  for (const auto& t : r.tensors)
+    s += "\n  " + t.name + " " + verify::verdict_word(t) + " worst ratio " + std::to_string(t.worst_ratio);
+  return s;
+}
+
 inline std::string first_wrong(const verify::CompareReport& r) {
   const std::string tag = "first wrong step (forward order): ";
   for (const auto& n : r.notes)

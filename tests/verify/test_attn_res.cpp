@@ -17,12 +17,16 @@
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis/verify/compare.hpp"
+#include "compare_test_util.hpp"
 
 namespace verify = oasis::verify;
 namespace io = oasis::io;
 using oasis::index_t;
 using oasis::Shape;
 using oasis::Tensor;
+
+using oasis::verify_test::describe_report;
+using oasis::verify_test::failing_tensors;
 
 namespace {
 
@@ -206,19 +210,6 @@ verify::CompareReport check(const std::string& op, const RouteSetup& st, const i
   return verify::check(op, in, out, io::json::parse(st.options()), co);
 }
 
-std::set<std::string> failing(const verify::CompareReport& r) {
-  std::set<std::string> s;
-  for (const auto& t : r.tensors)
-    if (!t.passed) s.insert(t.name);
-  return s;
-}
-
-std::string describe(const verify::CompareReport& r) {
-  std::string s = "oracle " + r.oracle;
-  for (const auto& t : r.tensors)
-    s += "\n  " + t.name + " " + verify::verdict_word(t) + " worst ratio " + std::to_string(t.worst_ratio);
-  return s;
-}
 
 /// One member: its setup, input type and outputs.
 struct Member {
@@ -248,7 +239,7 @@ TEST(AttnRes, CorrectFusedImplementationsPass) {
         const verify::CompareReport r =
             check(bw ? "attn_res_backward" : "attn_res", m.st, inputs(m.st, x, bw), m.run(m.st, x, bw), verify::Oracle::fast, p);
         EXPECT_TRUE(r.passed) << m.name << (bw ? " backward" : " forward")
-                              << (p == verify::Policy::worst_case ? " worst_case" : " probabilistic") << "\n" << describe(r);
+                              << (p == verify::Policy::worst_case ? " worst_case" : " probabilistic") << "\n" << describe_report(r);
       }
 }
 
@@ -279,7 +270,7 @@ TEST(AttnRes, MistakesFailAtTheirTensor) {
     const verify::CompareReport r =
         check(op, mu.st, inputs(mu.st, x, mu.backward), fused(mu.st, x, mu.backward, as_float, mu.m));
     EXPECT_FALSE(r.passed) << mu.name;
-    EXPECT_EQ(failing(r), mu.fails) << mu.name << "\n" << describe(r);
+    EXPECT_EQ(failing_tensors(r), mu.fails) << mu.name << "\n" << describe_report(r);
   }
 }
 
@@ -295,8 +286,8 @@ TEST(AttnRes, FastOracleGivesMp50Verdicts) {
       const io::TensorMap in = inputs(c.first, x, bw), out = c.second(x, bw);
       const std::string op = bw ? "attn_res_backward" : "attn_res";
       const verify::CompareReport f = check(op, c.first, in, out), e = check(op, c.first, in, out, verify::Oracle::mp50);
-      EXPECT_EQ(f.passed, e.passed) << name << " " << op << "\nfast: " << describe(f) << "\nmp50: " << describe(e);
-      EXPECT_EQ(failing(f), failing(e)) << name << " " << op;
+      EXPECT_EQ(f.passed, e.passed) << name << " " << op << "\nfast: " << describe_report(f) << "\nmp50: " << describe_report(e);
+      EXPECT_EQ(failing_tensors(f), failing_tensors(e)) << name << " " << op;
     }
 }
 
@@ -344,7 +335,7 @@ TEST(AttnRes, SampledTokens) {
   co.sample = 6;
   const verify::CompareReport r = verify::check("attn_res", inputs(kNull, x, false), library(kNull, x, false),
                                                 io::json::parse(kNull.options()), co);
-  EXPECT_TRUE(r.passed) << describe(r);
+  EXPECT_TRUE(r.passed) << describe_report(r);
   EXPECT_EQ(r.sample.rows, 6);
   EXPECT_EQ(r.sample.total, kNull.N);
 }

@@ -21,6 +21,7 @@
 #include "oasis/grad/grad.hpp"
 #include "oasis/oasis.hpp"
 #include "oasis/verify/compare.hpp"
+#include "compare_test_util.hpp"
 #include "oasis/verify/fuzz.hpp"
 
 namespace verify = oasis::verify;
@@ -28,6 +29,9 @@ namespace io = oasis::io;
 using oasis::index_t;
 using oasis::Shape;
 using oasis::Tensor;
+
+using oasis::verify_test::describe_report;
+using oasis::verify_test::failing_tensors;
 
 namespace {
 
@@ -245,19 +249,6 @@ verify::CompareReport check(const std::string& op, const BlockSetup& st, const i
   return verify::check(op, in, out, io::json::parse(st.options()), co);
 }
 
-std::set<std::string> failing(const verify::CompareReport& r) {
-  std::set<std::string> s;
-  for (const auto& t : r.tensors)
-    if (!t.passed) s.insert(t.name);
-  return s;
-}
-
-std::string describe(const verify::CompareReport& r) {
-  std::string s = "oracle " + r.oracle;
-  for (const auto& t : r.tensors)
-    s += "\n  " + t.name + " " + verify::verdict_word(t) + " worst ratio " + std::to_string(t.worst_ratio);
-  return s;
-}
 
 struct Member {
   std::string name;
@@ -287,7 +278,7 @@ TEST(BlockAttnRes, CorrectKernelsPass) {
         const verify::CompareReport r = check(bw ? "block_attn_res_backward" : "block_attn_res", m.st,
                                               inputs(m.st, x, bw), m.run(m.st, x, bw), verify::Oracle::fast, p);
         EXPECT_TRUE(r.passed) << m.name << (bw ? " backward" : " forward")
-                              << (p == verify::Policy::worst_case ? " worst_case" : " probabilistic") << "\n" << describe(r);
+                              << (p == verify::Policy::worst_case ? " worst_case" : " probabilistic") << "\n" << describe_report(r);
         std::set<std::string> names;
         for (const auto& t : r.tensors) names.insert(t.name);
         if (bw) {  // the report names the block op's tensors
@@ -320,7 +311,7 @@ TEST(BlockAttnRes, MistakesFailAtTheirTensor) {
     const std::string op = mu.backward ? "block_attn_res_backward" : "block_attn_res";
     const verify::CompareReport r = check(op, kKimi, inputs(kKimi, x, mu.backward), kimi(kKimi, x, mu.backward, mu.m));
     EXPECT_FALSE(r.passed) << mu.name;
-    EXPECT_EQ(failing(r), mu.fails) << mu.name << "\n" << describe(r);
+    EXPECT_EQ(failing_tensors(r), mu.fails) << mu.name << "\n" << describe_report(r);
   }
 }
 
@@ -335,8 +326,8 @@ TEST(BlockAttnRes, FastOracleGivesMp50Verdicts) {
       const io::TensorMap in = inputs(c.st, x, bw), out = c.run(c.st, x, bw);
       const std::string op = bw ? "block_attn_res_backward" : "block_attn_res";
       const verify::CompareReport f = check(op, c.st, in, out), e = check(op, c.st, in, out, verify::Oracle::mp50);
-      EXPECT_EQ(f.passed, e.passed) << name << " " << op << "\nfast: " << describe(f) << "\nmp50: " << describe(e);
-      EXPECT_EQ(failing(f), failing(e)) << name << " " << op;
+      EXPECT_EQ(f.passed, e.passed) << name << " " << op << "\nfast: " << describe_report(f) << "\nmp50: " << describe_report(e);
+      EXPECT_EQ(failing_tensors(f), failing_tensors(e)) << name << " " << op;
     }
 }
 
@@ -359,7 +350,7 @@ TEST(BlockAttnRes, SplitKeepsAttnResVerdicts) {
     ao.erase("grad_partial");
     ao["grad_sources"] = {io::DType::f32, gs};
     const verify::CompareReport a = check("attn_res_backward", kKimi, ai, ao);
-    EXPECT_EQ(a.passed, b.passed) << describe(a) << "\n" << describe(b);
+    EXPECT_EQ(a.passed, b.passed) << describe_report(a) << "\n" << describe_report(b);
     const verify::TensorReport* whole = nullptr;
     for (const auto& t : a.tensors)
       if (t.name == "grad_sources") whole = &t;
@@ -429,7 +420,7 @@ TEST(BlockAttnRes, SampledTokens) {
   co.sample = 6;
   const verify::CompareReport r = verify::check("block_attn_res", inputs(kNull, x, false), kimi(kNull, x, false),
                                                 io::json::parse(kNull.options()), co);
-  EXPECT_TRUE(r.passed) << describe(r);
+  EXPECT_TRUE(r.passed) << describe_report(r);
   EXPECT_EQ(r.sample.rows, 6);
   EXPECT_EQ(r.sample.total, kNull.N);
 }
@@ -472,7 +463,7 @@ TEST(BlockAttnRes, FuzzFindsBlockMistakes) {
     std::rotate(al.data(), al.data() + (n - 1) * N, al.data() + n * N);
   });
   ASSERT_TRUE(a.has_failure);
-  EXPECT_EQ(failing(a.failure.report), std::set<std::string>{"alpha"}) << fz::format_fuzz_report(a);
+  EXPECT_EQ(failing_tensors(a.failure.report), std::set<std::string>{"alpha"}) << fz::format_fuzz_report(a);
   // grad_partial through the mix only: alpha_m grad_h
   const fz::FuzzReport b = fuzz_block("block_attn_res_backward", [](const io::TensorMap& in, io::TensorMap& out) {
     const Tensor<double>&al = out.at("alpha").values, &dh = in.at("grad_h").values;
@@ -481,5 +472,5 @@ TEST(BlockAttnRes, FuzzFindsBlockMistakes) {
     for (index_t i = 0; i < gp.size(); ++i) gp[i] = static_cast<float>(al(m, i / d) * dh[i]);
   });
   ASSERT_TRUE(b.has_failure);
-  EXPECT_EQ(failing(b.failure.report), std::set<std::string>{"grad_partial"}) << fz::format_fuzz_report(b);
+  EXPECT_EQ(failing_tensors(b.failure.report), std::set<std::string>{"grad_partial"}) << fz::format_fuzz_report(b);
 }

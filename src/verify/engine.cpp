@@ -3,6 +3,8 @@
 // This is the top layer (the layers: op_support.hpp); nothing below calls into it.
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <string>
 
 #include "config_files.hpp"
 #include "ops.hpp"
@@ -97,6 +99,12 @@ CompareReport check(const std::string& op, const TensorMap& inputs, const Tensor
   for (const auto& [name, t] : outputs)  // integer tensors (ids) have no rounding policy
     OASIS_REQUIRE(!io::is_integer(t.dtype) || inputs.count(name), name, "is an integer tensor (", io::to_string(t.dtype),
                   "); outputs are floating point");
+  // integers are the layouts' metadata only: a value tensor stored as integers is a mistake of the caller
+  static const std::set<std::string> kIntegerInputs = {"cu_seqlens_q", "cu_seqlens_k", "block_table", "seq_lens"};
+  for (const auto& [name, t] : inputs)
+    OASIS_REQUIRE(!io::is_integer(t.dtype) || kIntegerInputs.count(name), name, "is an integer tensor (",
+                  io::to_string(t.dtype), "); only the layouts' metadata (cu_seqlens_q, cu_seqlens_k, block_table, "
+                  "seq_lens) may be integers");
   OASIS_REQUIRE(opt.sample >= 0, "sample", "must be >= 0 (0: every row), got ", opt.sample);
   OASIS_REQUIRE(opt.sample == 0 || s.samples_rows, "sample", "op ", op,
                 " checks every element (sampling rows is offered by ", sampling_ops(), ")");

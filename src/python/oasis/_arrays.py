@@ -86,11 +86,14 @@ def array(x, name):
     return _numpy(x, name)
 
 
-_TAGS = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+_TAGS = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
+         np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}
 
 
 def stored(x, name):
-    """(dtype tag, array) of a tensor checked by the compare engine: f64, f32, f16 or bf16."""
+    """(dtype tag, array) of a tensor checked by the compare engine: f64, f32, f16 or bf16; int32
+    or int64 for integer metadata (ids, cu_seqlens, block_table, seq_lens: the engine names any
+    other tensor given as integers)."""
     if _is_torch(x):
         x = _from_torch(x)
     if isinstance(x, bf16):
@@ -102,7 +105,7 @@ def stored(x, name):
         return (tag, x)
     if x.dtype == np.uint16:
         fail(name, "uint16 array: pass bfloat16 bits as oasis.bf16(bits), so that integers are never read as floats")
-    fail(name, f"dtype {x.dtype}: the compare engine takes float64, float32, float16 or bfloat16")
+    fail(name, f"dtype {x.dtype}: the compare engine takes float64, float32, float16, bfloat16, int32 or int64")
 
 
 def tensor_map(d, what):

@@ -26,6 +26,8 @@
 #include "entry_points.hpp"
 #include "oasis/core/instances.hpp"
 #include "ops.hpp"
+#include "oasis/backends/cpu_fast.hpp"
+#include "workspace.hpp"
 
 namespace oasis::fast {
 namespace {
@@ -114,11 +116,13 @@ void attn_res_backward_impl(const Tensor<float>& sources, const Tensor<float>& w
   const float scale = static_cast<float>(opt.scale);
   const DepthOptions& dopt = opt.depth;
   const auto grad_row = n * N * d > kStreamFloats ? K.grad_stream : K.grad;
-  r.sources = Tensor<float>({n, N, d});
-  r.w = Tensor<float>({d});
-  r.gain = gain.empty() ? Tensor<float>() : Tensor<float>({d});
-  r.psi = Tensor<float>({n, N});
-  r.logits = Tensor<float>({n, N});
+  // every element of these is written below (or the call throws): the caller's storage is reused
+  ensure_shape(r.sources, {n, N, d});
+  ensure_shape(r.w, {d});
+  if (gain.empty()) r.gain = Tensor<float>();
+  else ensure_shape(r.gain, {d});
+  ensure_shape(r.psi, {n, N});
+  ensure_shape(r.logits, {n, N});
   r.beta = r.theta = 0.0f;
 
   const index_t nchunk = (N + kChunk - 1) / kChunk;
@@ -200,6 +204,21 @@ void attn_res_backward_impl(const Tensor<float>& sources, const Tensor<float>& w
 
 }  // namespace
 }  // namespace oasis::fast
+
+namespace oasis::cpu_fast {
+
+void attn_res_into(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain, const Tensor<float>& psi,
+                   const std::vector<SourceKind>& kinds, const AttnResOptions& opt, DepthRoute<float>& r) {
+  fast::attn_res_impl(sources, w, gain, psi, kinds, opt, r);
+}
+
+void attn_res_backward_into(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                            const Tensor<float>& psi, const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                            const DepthCotangents<float>& d, AttnResGrads<float>& g) {
+  fast::attn_res_backward_impl(sources, w, gain, psi, kinds, opt, d, g);
+}
+
+}  // namespace oasis::cpu_fast
 
 namespace oasis::detail {
 

@@ -55,10 +55,7 @@ Stacked stack(const OpCall& c, const std::string& op, bool backward) {
   Stacked s;
   s.split = {m, partial != nullptr};
   const DType dt = partial && (is16(blocks.dtype) || is16(partial->dtype)) ? input16({blocks.dtype, partial->dtype}) : blocks.dtype;
-  StoredTensor src{dt, Tensor<double>(Shape{n, N, d})};
-  std::copy(blocks.values.data(), blocks.values.data() + blocks.values.size(), src.values.data());
-  if (partial) std::copy(partial->values.data(), partial->values.data() + partial->values.size(), src.values.ptr(m));
-  s.inputs.emplace("sources", std::move(src));
+  s.inputs.emplace("sources", StoredTensor{dt, stack_block_sources(blocks.values, partial ? partial->values : Tensor<double>())});
   for (const auto& [name, t] : in)
     if (name != "blocks" && name != "partial") s.inputs.emplace(name, t);
   return s;

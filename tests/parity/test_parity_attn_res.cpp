@@ -322,6 +322,46 @@ TEST(CpuFastAttnRes, EveryIsaWithinTheRuleAndDeterministic) {
   }
   cpu_fast::set_isa(saved);
 }
+// cpu_fast::attn_res_into and attn_res_backward_into reuse the caller's storage (the same buffers,
+// filled with NaN beforehand: every element must be written) and give bitwise the results of the
+// backend's fresh calls; a result of another shape is reshaped.
+TEST(CpuFastAttnRes, IntoReusesTheCallersStorage) {
+  const BackendOps& backend = backend_ops("cpu_fast");
+  OASIS_SKIP_UNLESS_AVAILABLE(backend);
+  const AttnResCase c = attn_res_cases()[3];
+  const AttnResInputs in = make_inputs(c, 911);
+  const DepthRoute<float> f = attn_res(backend, in.sources, in.w, in.gain, in.psi, c.kinds, c.opt);
+  const AttnResGrads<float> g = attn_res_backward(backend, in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d);
+  DepthRoute<float> fr;
+  AttnResGrads<float> gr;
+  cpu_fast::attn_res_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, fr);  // fresh: shapes set
+  cpu_fast::attn_res_backward_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d, gr);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Tensor<float>* t : {&fr.h, &fr.alpha, &fr.alpha_null, &fr.g, &fr.dpsi, &gr.sources, &gr.w, &gr.gain, &gr.psi, &gr.logits})
+    for (index_t i = 0; i < t->size(); ++i) (*t)[i] = nan;
+  const float* hs = fr.h.data();
+  const float* gs = gr.sources.data();
+  cpu_fast::attn_res_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, fr);
+  cpu_fast::attn_res_backward_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d, gr);
+  EXPECT_EQ(fr.h.data(), hs) << "h was reallocated";
+  EXPECT_EQ(gr.sources.data(), gs) << "grad sources was reallocated";
+  EXPECT_TRUE(exactly_equal("h", fr.h, f.h));
+  EXPECT_TRUE(exactly_equal("alpha", fr.alpha, f.alpha));
+  EXPECT_TRUE(exactly_equal("alpha_null", fr.alpha_null, f.alpha_null));
+  EXPECT_TRUE(exactly_equal("g", fr.g, f.g));
+  EXPECT_TRUE(exactly_equal("grad_sources", gr.sources, g.sources));
+  EXPECT_TRUE(exactly_equal("grad_w", gr.w, g.w));
+  EXPECT_TRUE(exactly_equal("grad_gain", gr.gain, g.gain));
+  EXPECT_TRUE(exactly_equal("grad_psi", gr.psi, g.psi));
+  EXPECT_TRUE(exactly_equal("grad_logits", gr.logits, g.logits));
+  EXPECT_EQ(gr.beta, g.beta);
+  EXPECT_EQ(gr.theta, g.theta);
+  AttnResGrads<float> other;  // a result of another shape: reshaped
+  other.sources = Tensor<float>({2, 3});
+  cpu_fast::attn_res_backward_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d, other);
+  EXPECT_TRUE(exactly_equal("grad_sources", other.sources, g.sources));
+}
+
 // Finite sources whose squares overflow (|s| near 1e20): the reference's inverse RMS is 0, so its
 // normalised row and logit are 0 and nothing is reported; cpu_fast returns the same logit, and a
 // gradient without error, for that row.

@@ -25,6 +25,7 @@
 #include "oasis/ops/attention.hpp"
 #include "oasis/ops/depth.hpp"
 #include "oasis/grad/attention_backward.hpp"
+#include "oasis/grad/attn_res_backward.hpp"
 
 namespace oasis::cpu_fast {
 
@@ -110,5 +111,16 @@ void attn_res_route_into(const Tensor<float>& sources, const Tensor<float>& g_ol
 /// attn_res_route_into with a fresh result.
 DepthRoute<float> attn_res_route(const Tensor<float>& sources, const Tensor<float>& g_old, const Tensor<float>& psi,
                                  const std::vector<SourceKind>& kinds, const DepthOptions& opt = {});
+
+/// The fused AttnRes routing (oasis/ops/attn_res.hpp) into `r`, and its backward
+/// (oasis/grad/attn_res_backward.hpp) into `g`, each reusing the caller's storage when the shapes
+/// match (every element is written): a training loop does not pay the first touch of a fresh
+/// [n, N, d] gradient per call (docs/benchmarks.md, "Fused AttnRes routing on the fast path").
+/// Same validation and results as Backend::cpu_fast's attn_res and attn_res_backward.
+void attn_res_into(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain, const Tensor<float>& psi,
+                   const std::vector<SourceKind>& kinds, const AttnResOptions& opt, DepthRoute<float>& r);
+void attn_res_backward_into(const Tensor<float>& sources, const Tensor<float>& w, const Tensor<float>& gain,
+                            const Tensor<float>& psi, const std::vector<SourceKind>& kinds, const AttnResOptions& opt,
+                            const DepthCotangents<float>& d, AttnResGrads<float>& g);
 
 }  // namespace oasis::cpu_fast

@@ -18,9 +18,9 @@ namespace {
 /// The reference in T: the gradients, and the logits, forward and dg = scale dg_old it went through.
 template <class T>
 struct Chain {
-  Tensor<T> g, dg, sources, w, gain, psi;
+  Tensor<T> g, dg;
   DepthRoute<T> fwd;
-  T beta = T(0), theta = T(0);
+  AttnResGrads<T> grads;
 };
 
 template <class T>
@@ -29,16 +29,10 @@ Chain<T> chain(const AttnResCall& a, const DepthCotangents<T>& cot) {
   r.g = attn_res_logits<T>(a);
   const Tensor<T> s = a.sources->values.cast<T>(), p = a.psi.cast<T>();
   r.fwd = attn_res_route(s, r.g, p, a.kinds, a.depth);
-  AttnResGrads<T> gr = attn_res_backward_from_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(),
-                                                     p, a.kinds, a.options(), cot, r.g);
-  r.dg = std::move(gr.logits);  // the keys' cotangent scale dL/dg, as attn_res_backward forms it
+  r.grads = attn_res_backward_from_logits(s, a.w->values.cast<T>(), a.gain.empty() ? Tensor<T>() : a.gain.cast<T>(),
+                                          p, a.kinds, a.options(), cot, r.g);
+  r.dg = r.grads.logits;  // the keys' cotangent scale dL/dg, as attn_res_backward forms it
   for (index_t i = 0; i < r.dg.size(); ++i) r.dg[i] = r.dg[i] * T(a.scale);
-  r.sources = std::move(gr.sources);
-  r.w = std::move(gr.w);
-  r.gain = std::move(gr.gain);
-  r.psi = std::move(gr.psi);
-  r.beta = gr.beta;
-  r.theta = gr.theta;
   return r;
 }
 
@@ -47,12 +41,13 @@ Chain<T> chain(const AttnResCall& a, const DepthCotangents<T>& cot) {
 template <class T>
 std::map<std::string, Tensor<T>> gradients(Chain<T>& c, bool gain) {
   std::map<std::string, Tensor<T>> m;
-  m.emplace("grad_sources", std::move(c.sources));
-  m.emplace("grad_w", std::move(c.w));
-  m.emplace("grad_psi", std::move(c.psi));
-  m.emplace("grad_beta", Tensor<T>(Shape{1}, c.beta));
-  m.emplace("grad_theta", Tensor<T>(Shape{1}, c.theta));
-  if (gain) m.emplace("grad_gain", std::move(c.gain));
+  AttnResGrads<T>& g = c.grads;
+  m.emplace("grad_sources", std::move(g.sources));
+  m.emplace("grad_w", std::move(g.w));
+  m.emplace("grad_psi", std::move(g.psi));
+  m.emplace("grad_beta", Tensor<T>(Shape{1}, g.beta));
+  m.emplace("grad_theta", Tensor<T>(Shape{1}, g.theta));
+  if (gain) m.emplace("grad_gain", std::move(g.gain));
   return m;
 }
 

@@ -142,6 +142,25 @@ void expect_backward_parity(const AttnResGrads<float>& got, const BackwardOracle
   }
 }
 
+/// Every output of two forwards, and of two backwards, bitwise equal.
+void expect_bitwise(const DepthRoute<float>& a, const DepthRoute<float>& b) {
+  EXPECT_TRUE(exactly_equal("h", a.h, b.h));
+  EXPECT_TRUE(exactly_equal("alpha", a.alpha, b.alpha));
+  EXPECT_TRUE(exactly_equal("alpha_null", a.alpha_null, b.alpha_null));
+  EXPECT_TRUE(exactly_equal("g", a.g, b.g));
+  EXPECT_TRUE(exactly_equal("dpsi", a.dpsi, b.dpsi));
+}
+
+void expect_bitwise(const AttnResGrads<float>& a, const AttnResGrads<float>& b) {
+  EXPECT_TRUE(exactly_equal("grad_sources", a.sources, b.sources));
+  EXPECT_TRUE(exactly_equal("grad_w", a.w, b.w));
+  EXPECT_TRUE(exactly_equal("grad_gain", a.gain, b.gain));
+  EXPECT_TRUE(exactly_equal("grad_psi", a.psi, b.psi));
+  EXPECT_TRUE(exactly_equal("grad_logits", a.logits, b.logits));
+  EXPECT_EQ(a.beta, b.beta);
+  EXPECT_EQ(a.theta, b.theta);
+}
+
 class AttnResParity : public ::testing::TestWithParam<std::tuple<std::string, AttnResCase>> {};
 
 TEST_P(AttnResParity, ForwardWithinTwiceReferenceErrorPlusFloor) {
@@ -308,16 +327,8 @@ TEST(CpuFastAttnRes, EveryIsaWithinTheRuleAndDeterministic) {
       omp_set_num_threads(before);
 #endif
       SCOPED_TRACE("threads " + std::to_string(threads));
-      EXPECT_TRUE(exactly_equal("h", f2.h, f1.h));
-      EXPECT_TRUE(exactly_equal("alpha", f2.alpha, f1.alpha));
-      EXPECT_TRUE(exactly_equal("g", f2.g, f1.g));
-      EXPECT_TRUE(exactly_equal("grad_sources", g2.sources, g1.sources));
-      EXPECT_TRUE(exactly_equal("grad_w", g2.w, g1.w));
-      EXPECT_TRUE(exactly_equal("grad_gain", g2.gain, g1.gain));
-      EXPECT_TRUE(exactly_equal("grad_psi", g2.psi, g1.psi));
-      EXPECT_TRUE(exactly_equal("grad_logits", g2.logits, g1.logits));
-      EXPECT_EQ(g2.beta, g1.beta);
-      EXPECT_EQ(g2.theta, g1.theta);
+      expect_bitwise(f2, f1);
+      expect_bitwise(g2, g1);
     }
   }
   cpu_fast::set_isa(saved);
@@ -345,17 +356,8 @@ TEST(CpuFastAttnRes, IntoReusesTheCallersStorage) {
   cpu_fast::attn_res_backward_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d, gr);
   EXPECT_EQ(fr.h.data(), hs) << "h was reallocated";
   EXPECT_EQ(gr.sources.data(), gs) << "grad sources was reallocated";
-  EXPECT_TRUE(exactly_equal("h", fr.h, f.h));
-  EXPECT_TRUE(exactly_equal("alpha", fr.alpha, f.alpha));
-  EXPECT_TRUE(exactly_equal("alpha_null", fr.alpha_null, f.alpha_null));
-  EXPECT_TRUE(exactly_equal("g", fr.g, f.g));
-  EXPECT_TRUE(exactly_equal("grad_sources", gr.sources, g.sources));
-  EXPECT_TRUE(exactly_equal("grad_w", gr.w, g.w));
-  EXPECT_TRUE(exactly_equal("grad_gain", gr.gain, g.gain));
-  EXPECT_TRUE(exactly_equal("grad_psi", gr.psi, g.psi));
-  EXPECT_TRUE(exactly_equal("grad_logits", gr.logits, g.logits));
-  EXPECT_EQ(gr.beta, g.beta);
-  EXPECT_EQ(gr.theta, g.theta);
+  expect_bitwise(fr, f);
+  expect_bitwise(gr, g);
   AttnResGrads<float> other;  // a result of another shape: reshaped
   other.sources = Tensor<float>({2, 3});
   cpu_fast::attn_res_backward_into(in.sources, in.w, in.gain, in.psi, c.kinds, c.opt, in.d, other);

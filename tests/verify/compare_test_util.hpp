@@ -40,7 +40,6 @@ inline const verify::TensorReport& find(const verify::CompareReport& r, const st
   throw std::runtime_error("tensor " + name + " not in the report");
 }
 
-/// The report's "first wrong step" note names this tensor.
 /// The names of the report's failing tensors.
 inline std::set<std::string> failing_tensors(const verify::CompareReport& r) {
   std::set<std::string> s;
@@ -57,6 +56,18 @@ inline std::string describe_report(const verify::CompareReport& r) {
   return s;
 }
 
+/// A call of `op` that must be an input error naming `name` (oasis::invalid_argument).
+inline void expect_named_error(const std::string& op, const io::TensorMap& in, const io::TensorMap& out,
+                               const std::string& options, const std::string& name) {
+  try {
+    verify::check(op, in, out, io::json::parse(options), verify::CompareOptions{});
+    ADD_FAILURE() << "no error for " << name << " (" << options << ")";
+  } catch (const oasis::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+}
+
+/// The report's "first wrong step" note names this tensor.
 inline std::string first_wrong(const verify::CompareReport& r) {
   const std::string tag = "first wrong step (forward order): ";
   for (const auto& n : r.notes)

@@ -134,47 +134,34 @@ def token_ids(x, name="ids"):
     return stored(x, name)
 
 
-def int_ids(x, name="ids"):
-    """Token ids [B, T] as a C-contiguous int64 array (for Model.forward)."""
+def int_array(x, name, what="an integer array"):
+    """An integer array, tensor or nested sequence as a C-contiguous int64 array (block_table)."""
     if _is_torch(x):
         x = _from_torch(x)
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
-        fail(name, f"expected an integer array [B, T], got {getattr(x, 'dtype', type(x).__name__)}")
+        fail(name, f"expected {what}, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.dtype == np.uint64 and x.size and x.max() >= 2**63:
-        fail(name, "token id beyond int64")
+        fail(name, "entry beyond int64")
     return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def int_ids(x, name="ids"):
+    """Token ids [B, T] as a C-contiguous int64 array (for Model.forward)."""
+    return int_array(x, name, "an integer array [B, T]")
 
 
 def int_list(x, name):
     """A list of Python ints from a 1-d integer sequence, array or tensor (cu_seqlens, seq_lens)."""
-    if _is_torch(x):
-        x = _from_torch(x)
     if isinstance(x, (list, tuple)):
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
             fail(name, "expected a sequence of integers")
         x = np.asarray(x, dtype=np.int64) if x else np.zeros(0, dtype=np.int64)
-    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
-        fail(name, f"expected a 1-d integer sequence or array, got {getattr(x, 'dtype', type(x).__name__)}")
+    x = int_array(x, name, "a 1-d integer sequence or array")
     if x.ndim != 1:
         fail(name, f"expected a 1-d sequence, got shape {list(x.shape)}")
-    if x.dtype == np.uint64 and x.size and x.max() >= 2**63:
-        fail(name, "entry beyond int64")
     return [int(v) for v in x.tolist()]
-
-
-def int_array(x, name):
-    """An integer array (block_table) as a C-contiguous int64 array."""
-    if _is_torch(x):
-        x = _from_torch(x)
-    if isinstance(x, (list, tuple)):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
-        fail(name, f"expected an integer array, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.dtype == np.uint64 and x.size and x.max() >= 2**63:
-        fail(name, "entry beyond int64")
-    return np.ascontiguousarray(x, dtype=np.int64)
 
 
 def number_list(x, name):

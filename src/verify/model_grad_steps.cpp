@@ -2,12 +2,16 @@
 // (docs/verify-model.md, "Local backward steps"). Each router whose trace holds its forward inputs
 // (.sources, .g_old, and .psi when it couples) and the cotangent it received (.grad_routed) is
 // judged as a step on exactly those tensors, under the gradient ops' policy:
-//   .grad_g_old, .grad_psi   op depth_backward (depth_backward_report);
-//   .grad_sources (Kimi)     the mix alpha_i dh plus the keys' part, the pseudo-query backward of
-//                            the traced .grad_g_old (the router's w and gain): the sum of the two
-//                            ops' references and bounds.
-// Rows are named "<tensor> (backward step)"; the first note names the first wrong step in
-// backward order and the last correct one before it.
+//   .grad_g_old, .grad_psi,     op depth_backward (depth_backward_report);
+//   grad.<router>.theta
+//   .grad_sources (Kimi)        the mix alpha_i dh plus the keys' part, the pseudo-query backward of
+//                               the traced .grad_g_old (the router's w and gain): the sum of the two
+//                               ops' references and bounds;
+//   grad.<router>.query,        that pseudo-query backward's grad_w and grad_gain.
+//   grad.<router>.key_norm.weight
+// Rows are named "<tensor> (backward step)"; note_first_wrong_step names the first wrong step
+// (routers and sublayers, model_grad_sublayer_steps.cpp) in backward order and the last correct
+// one before it.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -57,9 +61,9 @@ KimiStepGrads<T> kimi_step_gradients(const RouterStep& s, const DepthRoute<T>& f
   return {std::move(k.sources), std::move(k.w), std::move(k.gain)};
 }
 
-/// The bound of sources_gradient in T: the depth backward's mix part plus the pseudo-query
-/// backward's keys part (lambda = 0: worst case; > 0: probabilistic); `f` as in
-/// depth_route_backward_bounds (exact, or double with ref_u).
+/// The bounds of kimi_step_gradients in T: grad_sources the depth backward's mix part plus the
+/// pseudo-query backward's keys part, grad_w and grad_gain the keys' alone (lambda = 0: worst case;
+/// > 0: probabilistic); `f` as in depth_route_backward_bounds (exact, or double with ref_u).
 template <class T, class R>
 BoundMap kimi_step_bounds(const RouterStep& s, const DepthRoute<R>& f, double lambda, double ref_u) {
   const Tensor<T> src = s.sources.cast<T>();

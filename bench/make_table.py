@@ -128,14 +128,20 @@ def targets(cpus, singles):
                                 ("BM_Verify_model_full_gpt2small", 300,
                                  "compare op model, full f32 trace, d=768, 12 blocks, 12 heads, T=512, vocab 32000"),
                                 ("BM_Verify_model_logits_gpt2small", 300,
-                                 "compare op model, logits only, d=768, 12 blocks, 12 heads, T=512, vocab 32000")):
+                                 "compare op model, logits only, d=768, 12 blocks, 12 heads, T=512, vocab 32000"),
+                                ("BM_VerifyGrad_model_d256", None,
+                                 "compare op model, forward + backward f32 trace, d=256, 4 blocks, T=128"),
+                                ("BM_VerifyGrad_model_gpt2small", 300,
+                                 "compare op model, forward + backward f32 trace, d=768, 12 blocks, 12 heads, T=512, "
+                                 "vocab 32000")):
         b = find(cpu, prefix)
         if b and "check_s" in b:
             cpu_s = b.get("cpu_s")
             target = f": <= {limit} s" if limit is not None else " (no target)"
             verdict = ('met' if b['check_s'] <= limit else 'NOT met') if limit is not None else '-'
-            lines.append(f"| {what}{target} | {b['check_s']:.1f} s (CPU {cpu_s:.1f} s; mp50 est. "
-                         f"{b.get('mp50_s_estimate', 0):.3g} s) | {verdict} | - |")
+            extra = (f"peak {b['peak_rss_gb']:.2f} GB" if "peak_rss_gb" in b
+                     else f"mp50 est. {b.get('mp50_s_estimate', 0):.3g} s")
+            lines.append(f"| {what}{target} | {b['check_s']:.1f} s (CPU {cpu_s:.1f} s; {extra}) | {verdict} | - |")
     return "\n".join(lines)
 
 

@@ -119,7 +119,7 @@ CompareReport kimi_step(const RouterStep& s, const io::TensorMap& out, const Com
 
 }  // namespace
 
-void check_router_backward_steps(const om::Model<mp50>& m, index_t N, const io::TensorMap& outputs,
+void check_router_backward_steps(const om::Model<double>& m, index_t N, const io::TensorMap& outputs,
                                  const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of,
                                  std::vector<StepVerdict>& verdicts) {
   const om::ModelConfig& cfg = m.config();

@@ -7,7 +7,7 @@
 //                                    grad_input, grad_output, grad_routed, grad_branch_psi,
 //                                    grad_sources, grad_g_old, grad_psi
 // Reference: the oracle's backward (oasis::model::model_backward) from the same ids, weights and
-// grad_logits, in mp50 (x_hp), and six plain replays in the tensor's precision (x_ref,k: Model<double>
+// grad_logits, exact (x_hp: mp50, or double within an estimated error, below), and six plain replays in the tensor's precision (x_ref,k: Model<double>
 // for f64, Model<float> for f32). A gradient is the end of the whole model's chain, so no composed
 // first-order bound is non-vacuous (docs/model.md); the verdict is the backends' parity rule
 // (docs/tolerances.md item 4) per row — the last axis; a rank <= 1 tensor is one row — in the
@@ -28,6 +28,14 @@
 // the forward, which the split (backward only) does not (docs/verify-model.md, "Model gradients",
 // has the measurements). Still a parity rule, not a bound. f16/bf16 gradients are rejected (no
 // plain replay in those precisions is defined).
+//
+// The oracle (CompareOptions::oracle): fast takes x_hp as the double backward x_d within E per row,
+// E estimated from the float replays (model_grad_parity.hpp, double_row_error), and judges each row
+// at the extremes E allows; a row E could flip is undecided, and a tensor with undecided rows and no
+// failing one has the whole backward recomputed in mp50 within the budget (--mp50-budget; past it
+// the rows stay undecided, named). f64 gradients (their replays are double themselves) and norms
+// evaluated in float32 use mp50. Every backward runs its matrix products through matrix_products()
+// (blocked, any summation order: a plain realisation all the same).
 #include "op_model_grad.hpp"
 
 #include <algorithm>
@@ -38,7 +46,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "matrix_products.hpp"
 #include "model_grad_parity.hpp"
+#include "progress.hpp"
 #include "op_support.hpp"
 #include "oasis/grad/model_backward.hpp"
 
@@ -77,7 +87,8 @@ const Tensor<T>* find_gradient(const om::ModelGrads<T>& g, const std::string& na
   return nullptr;
 }
 
-std::string known_names(const om::ModelGrads<mp50>& g) {
+template <class T>
+std::string known_names(const om::ModelGrads<T>& g) {
   std::ostringstream os;
   os << "grad.<parameter> (";
   bool first = true;
@@ -96,47 +107,61 @@ std::string known_names(const om::ModelGrads<mp50>& g) {
   return os.str();
 }
 
-/// The six realisations of the plain replay in T (header comment): each rounding direction, of dl
-/// whole and of hi and lo (summed by replay_tensors). split[k]: whether lo[k] is a realisation's
-/// second half.
-template <class T>
-struct Replays {
-  std::vector<om::ModelGrads<T>> first, lo;
-  std::vector<bool> split;
-};
-
-/// The caller casts the weights and grad_logits to T, and the split runs, under the default
-/// rounding; only the backward itself (its forward recomputation included) runs under each
-/// rounding direction.
-template <class T>
-Replays<T> replays(const om::Model<T>& m, const std::vector<index_t>& ids, index_t B, index_t Tn, const Tensor<T>& dl) {
+/// The replays' largest row error against `ref`, per checked name: the plain backward in T (its
+/// forward recomputation included) rounding to nearest, upward and downward, each from dl whole and
+/// as backward(hi) + backward(lo) with dl = hi + lo split exactly. Each realisation is folded into
+/// the row errors as soon as it is computed (memory: one realisation and its split half at a time);
+/// the forward is recorded once per rounding direction for its three backwards (the same forward
+/// bit for bit as three separate model_backward calls). The caller casts the weights and
+/// grad_logits to T, and the split runs, under the default rounding.
+template <class T, class R>
+std::map<std::string, std::vector<double>> replay_row_errors(const om::Model<T>& m, const std::vector<index_t>& ids,
+                                                             index_t B, index_t Tn, const Tensor<T>& dl,
+                                                             const std::vector<std::string>& names,
+                                                             const om::ModelGrads<R>& ref) {
   const auto [hi, lo] = split_cotangent(dl);
-  Replays<T> out;
+  om::ForwardOptions fo;
+  fo.products = &matrix_products();
+  std::map<std::string, std::vector<double>> dev;
+  auto backward = [&](const om::detail::ModelTape<T>& tape, const Tensor<T>& cot) {
+    om::ModelGrads<T> g = om::detail::backward_from_tape(m, tape, cot, Tensor<T>());
+    om::detail::accumulate_embedding_table(g, ids);
+    return g;
+  };
   for (int mode : {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD}) {
     const RoundingMode rm(mode);
-    out.first.push_back(om::model_backward(m, ids, B, Tn, dl));
-    out.lo.emplace_back();
-    out.split.push_back(false);
-    out.first.push_back(om::model_backward(m, ids, B, Tn, hi));
-    out.lo.push_back(om::model_backward(m, ids, B, Tn, lo));
-    out.split.push_back(true);
+    const om::detail::ModelTape<T> tape = om::detail::record_forward(m, m.embed(ids, B, Tn), B, Tn, fo);
+    {
+      const om::ModelGrads<T> g = backward(tape, dl);
+      for (const std::string& n : names) add_row_deviation(dev[n], *find_gradient(g, n), *find_gradient(ref, n));
+    }
+    const om::ModelGrads<T> gh = backward(tape, hi), gl = backward(tape, lo);
+    for (const std::string& n : names) {
+      Tensor<T> x = *find_gradient(gh, n);
+      const Tensor<T>& y = *find_gradient(gl, n);
+      for (index_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      add_row_deviation(dev[n], x, *find_gradient(ref, n));
+    }
   }
-  return out;
+  return dev;
 }
 
-/// The tensor `name` of every realisation (a split one: backward(hi) + backward(lo), rounded to T).
-template <class T>
-std::vector<Tensor<T>> replay_tensors(const Replays<T>& g, const std::string& name) {
-  std::vector<Tensor<T>> out;
-  for (std::size_t k = 0; k < g.first.size(); ++k) {
-    Tensor<T> x = *find_gradient(g.first[k], name);
-    if (g.split[k]) {
-      const Tensor<T>& lo = *find_gradient(g.lo[k], name);
-      for (index_t i = 0; i < x.size(); ++i) x[i] += lo[i];
-    }
-    out.push_back(std::move(x));
-  }
-  return out;
+/// Multiply-adds of one model backward (its forward recomputation included), for the mp50 budget.
+double backward_work(const om::ModelConfig& c, index_t N) {
+  const double d = static_cast<double>(c.d_model), f = static_cast<double>(c.d_ff), n = static_cast<double>(N);
+  const double per_token = static_cast<double>(c.n_blocks) * (4 * d * d + 3 * d * f + 2 * n * d) +
+                           static_cast<double>(c.vocab_size) * d;
+  return 4.0 * per_token * n;
+}
+
+/// Bytes of the mp50 model backward: the weights, their gradients and the model's copy, the tape
+/// (about 40 rows of width d per block and token), the logits and their cotangent.
+double backward_bytes(const om::ModelConfig& c, index_t N, const om::ModelGrads<double>& xd) {
+  double params = 0;
+  for (const auto& [n, t] : xd.params) params += static_cast<double>(t.size());
+  const double n = static_cast<double>(N), d = static_cast<double>(c.d_model);
+  return static_cast<double>(sizeof(mp50)) *
+         (3 * params + 40 * n * d * static_cast<double>(c.n_blocks) + 2 * n * static_cast<double>(c.vocab_size));
 }
 
 }  // namespace
@@ -147,10 +172,12 @@ bool is_model_gradient_name(const std::string& name) {
   return dot != std::string::npos && name.compare(dot + 1, 5, "grad_") == 0;
 }
 
-void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
-                           const io::TensorMap& inputs, const io::TensorMap& outputs, const CompareOptions& opt,
-                           CompareReport& rep, std::set<std::string>& checked,
-                           std::map<std::string, std::string>& step_of) {
+bool fast_oracle_applies(const om::ModelConfig& c) { return !c.norm_float32 && !c.key_norm.compute_in_float32; }
+
+void check_model_gradients(const om::Model<double>& md, const std::function<const om::Model<mp50>&()>& mp,
+                           const std::vector<index_t>& ids, index_t B, index_t Tn, const io::TensorMap& inputs,
+                           const io::TensorMap& outputs, const CompareOptions& opt, CompareReport& rep,
+                           std::set<std::string>& checked, std::map<std::string, std::string>& step_of) {
   std::vector<std::string> names;
   for (const auto& [n, t] : outputs) {
     (void)t;
@@ -163,7 +190,7 @@ void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>&
                           "grad_state, grad_embeddings, <sublayer>.grad_*): no gradient was checked");
     return;
   }
-  const om::ModelConfig& cfg = m.config();
+  const om::ModelConfig& cfg = md.config();
   OASIS_REQUIRE(gl != inputs.end(), "grad_logits", "the gradient tensors (", names.front(),
                 ", ...) are checked from the implementation's own dL/dlogits: provide input tensor 'grad_logits' ",
                 shape_str(Shape{B, Tn, cfg.vocab_size}));
@@ -173,40 +200,67 @@ void check_model_gradients(const om::Model<mp50>& m, const std::vector<index_t>&
   for (index_t i = 0; i < dl.size(); ++i)
     OASIS_REQUIRE(std::isfinite(dl[i]), "grad_logits", "entry ", i, " is not finite");
   om::require_backward_support(cfg);
-  const om::ModelGrads<mp50> hp = om::model_backward(m, ids, B, Tn, dl.cast<mp50>());
-  std::map<io::DType, bool> need;
+  om::ForwardOptions fo;
+  fo.products = &matrix_products();
+  progress_stage("gradients: double backward");
+  const om::ModelGrads<double> xd = om::model_backward(md, ids, B, Tn, dl, {}, fo);
+  bool all32 = true;
   for (const std::string& n : names) {
-    const Tensor<mp50>* t = find_gradient(hp, n);
-    OASIS_REQUIRE(t, n, "is not a gradient tensor of this model; known: ", known_names(hp));
+    const Tensor<double>* t = find_gradient(xd, n);
+    OASIS_REQUIRE(t, n, "is not a gradient tensor of this model; known: ", known_names(xd));
     OASIS_REQUIRE(!t->empty(), n, "is not defined for this configuration (",
                   cfg.attn_res() ? "this sublayer has no such router tensor" : "the original backbone has no routers",
                   ")");
+    OASIS_REQUIRE(outputs.at(n).values.shape() == t->shape(), n, "shape ", shape_str(outputs.at(n).values.shape()),
+                  " but the configured model's ", n, " has shape ", shape_str(t->shape()));
     const io::DType d = outputs.at(n).dtype;
     OASIS_REQUIRE(d == io::DType::f32 || d == io::DType::f64, n, "is stored in ", io::safetensors_name(d),
                   ": model-level gradients are checked in F32 or F64 only (the parity rule needs a plain replay in "
                   "the tensor's precision)");
-    need[d] = true;
+    all32 = all32 && d == io::DType::f32;
   }
-  Replays<float> ref32;
-  Replays<double> ref64;
-  if (need.count(io::DType::f32)) ref32 = replays(m.cast<float>(), ids, B, Tn, dl.cast<float>());
-  if (need.count(io::DType::f64)) ref64 = replays(m.cast<double>(), ids, B, Tn, dl);
   const index_t N = B * Tn;
-  for (const std::string& n : names) {
-    const io::StoredTensor& got = outputs.at(n);
-    const Tensor<mp50>& h = *find_gradient(hp, n);
-    rep.tensors.push_back(got.dtype == io::DType::f64 ? parity_rows(n, got, replay_tensors(ref64, n), h, N, opt.show)
-                                                      : parity_rows(n, got, replay_tensors(ref32, n), h, N, opt.show));
-    checked.insert(n);
+  const bool fast = opt.oracle == Oracle::fast && fast_oracle_applies(cfg) && all32;
+  std::vector<TensorReport> rows;
+  std::string how;
+  if (fast) {
+    progress_stage("gradients: float replays");
+    const auto dev = replay_row_errors(md.cast<float>(), ids, B, Tn, dl.cast<float>(), names, xd);
+    bool need_mp50 = false;
+    for (const std::string& n : names) {
+      const Tensor<double>& h = *find_gradient(xd, n);
+      const std::vector<double> E = double_row_error(dev.at(n), h);
+      rows.push_back(parity_rows(n, outputs.at(n), dev.at(n), h, N, opt.show, &E));
+      need_mp50 = need_mp50 || (rows.back().undecided > 0 && rows.back().violations == 0);
+    }
+    how = "fast: the double backward, its row error estimated from the float replays";
+    if (need_mp50 && mp50_fits(rep, backward_work(cfg, N), backward_bytes(cfg, N, xd), opt, "the model backward"))
+      rows.clear();
+  }
+  if (rows.empty()) {
+    progress_stage("gradients: mp50 backward");
+    const om::ModelGrads<mp50> hp = om::model_backward(mp(), ids, B, Tn, dl.cast<mp50>());
+    std::map<std::string, std::vector<double>> dev;
+    std::vector<std::string> n32, n64;
+    for (const std::string& n : names) (outputs.at(n).dtype == io::DType::f64 ? n64 : n32).push_back(n);
+    if (!n32.empty()) dev = replay_row_errors(md.cast<float>(), ids, B, Tn, dl.cast<float>(), n32, hp);
+    if (!n64.empty()) dev.merge(replay_row_errors(md, ids, B, Tn, dl, n64, hp));
+    for (const std::string& n : names) rows.push_back(parity_rows(n, outputs.at(n), dev.at(n), *find_gradient(hp, n), N, opt.show));
+    how = fast ? "mp50 (rows the fast oracle left undecided)" : "mp50";
+  }
+  for (TensorReport& t : rows) {
+    checked.insert(t.name);
+    rep.tensors.push_back(std::move(t));
   }
   checked.insert("grad_logits");
+  rep.oracle += "; gradients: " + how;
   std::vector<StepVerdict> verdicts;
-  check_router_backward_steps(m, N, outputs, opt, rep, step_of, verdicts);
-  check_sublayer_backward_steps(m, B, Tn, outputs, opt, rep, step_of, verdicts);
+  check_router_backward_steps(md, N, outputs, opt, rep, step_of, verdicts);
+  check_sublayer_backward_steps(md, mp, B, Tn, outputs, opt, rep, step_of, verdicts);
   note_first_wrong_step(std::move(verdicts), rep);
-  rep.notes.push_back("gradients: end-to-end parity per row against the oracle's backward from grad_logits, replayed in "
-                      "the tensor's precision six times (rounding to nearest, upward, downward; grad_logits whole "
-                      "and split) (docs/verify-model.md, \"Model gradients\")");
+  rep.notes.push_back("gradients (" + how + "): end-to-end parity per row against the oracle's backward from grad_logits, "
+                      "replayed in the tensor's precision six times (rounding to nearest, upward, downward; grad_logits "
+                      "whole and split) (docs/verify-model.md, \"Model gradients\")");
 }
 
 }  // namespace oasis::verify::detail

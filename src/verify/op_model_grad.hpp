@@ -2,6 +2,7 @@
 // "Model gradients"). op_model.cpp calls check_model_gradients once per model check.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -18,17 +19,22 @@ namespace oasis::verify::detail {
 /// "grad_embeddings" or "<sublayer>.grad_<field>" (known or not: unknown ones are errors there).
 bool is_model_gradient_name(const std::string& name);
 
+/// Whether the fast (double) oracle applies to this configuration: not with a norm evaluated in
+/// float32 (the reference itself rounds to float there, so a double reference off by ~2^-53 may round
+/// differently); mp50 then. Shared by the forward's and the gradients' checks.
+bool fast_oracle_applies(const model::ModelConfig& c);
+
 /// Checks every gradient tensor of `outputs` (is_model_gradient_name) against the oracle's backward
 /// from the implementation's own dL/dlogits (input tensor "grad_logits" [B, T, V]) under the
 /// end-to-end parity rule; adds one report row per tensor and the checked names to `checked`.
-/// Without gradient tensors it does nothing (a lone grad_logits gets a note). Then the routers'
-/// local backward steps: each router whose trace holds its forward inputs and .grad_routed has its
-/// .grad_g_old and .grad_psi judged by op depth_backward, rows named "<tensor> (backward step)"
-/// with their step in `step_of`.
-void check_model_gradients(const model::Model<mp50>& m, const std::vector<index_t>& ids, index_t B, index_t Tn,
-                           const io::TensorMap& inputs, const io::TensorMap& outputs, const CompareOptions& opt,
-                           CompareReport& rep, std::set<std::string>& checked,
-                           std::map<std::string, std::string>& step_of);
+/// Without gradient tensors it does nothing (a lone grad_logits gets a note). The reference is the
+/// double model `md` (fast oracle) or the mp50 model `mp()` (built only when needed). Then the local
+/// backward steps of the routers and sublayers, rows named "<tensor> (backward step)" with their
+/// step in `step_of`, and the first wrong one in backward order noted.
+void check_model_gradients(const model::Model<double>& md, const std::function<const model::Model<mp50>&()>& mp,
+                           const std::vector<index_t>& ids, index_t B, index_t Tn, const io::TensorMap& inputs,
+                           const io::TensorMap& outputs, const CompareOptions& opt, CompareReport& rep,
+                           std::set<std::string>& checked, std::map<std::string, std::string>& step_of);
 
 /// A local backward step's verdict: the step's position in the forward schedule (model::forward_schedule;
 /// backward order is descending) and its label ("router layers.1.attn_res", "sublayer layers.1.mlp").
@@ -40,17 +46,19 @@ struct StepVerdict {
 
 /// The local backward steps of the routers (model_grad_steps.cpp; docs/verify-model.md, "Local
 /// backward steps"), called by check_model_gradients over N = B T positions.
-void check_router_backward_steps(const model::Model<mp50>& m, index_t N, const io::TensorMap& outputs,
+void check_router_backward_steps(const model::Model<double>& m, index_t N, const io::TensorMap& outputs,
                                  const CompareOptions& opt, CompareReport& rep, std::map<std::string, std::string>& step_of,
                                  std::vector<StepVerdict>& verdicts);
 
 /// The local backward steps of the attention and MLP sublayers (model_grad_sublayer_steps.cpp): each
 /// sublayer whose trace holds its .input and the cotangents it received (.grad_output, and
 /// .grad_branch_psi when the branch psi is read) has its .grad_input and its parameters' gradients
-/// judged on exactly those tensors.
-void check_sublayer_backward_steps(const model::Model<mp50>& m, index_t B, index_t Tn, const io::TensorMap& outputs,
-                                   const CompareOptions& opt, CompareReport& rep,
-                                   std::map<std::string, std::string>& step_of, std::vector<StepVerdict>& verdicts);
+/// judged on exactly those tensors (reference: the double model `md` under the fast oracle, else the
+/// mp50 model `mp()`).
+void check_sublayer_backward_steps(const model::Model<double>& md, const std::function<const model::Model<mp50>&()>& mp,
+                                   index_t B, index_t Tn, const io::TensorMap& outputs, const CompareOptions& opt,
+                                   CompareReport& rep, std::map<std::string, std::string>& step_of,
+                                   std::vector<StepVerdict>& verdicts);
 
 /// The report's first note: the first wrong step in backward order and the last correct one before it.
 void note_first_wrong_step(std::vector<StepVerdict> verdicts, CompareReport& rep);

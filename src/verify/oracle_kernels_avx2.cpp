@@ -1,4 +1,4 @@
-// src/verify/oracle_kernels_avx2.cpp — the oracle's matrix product (oracle_kernels_impl.inc)
+// src/verify/oracle_kernels_avx2.cpp — the oracle's matrix products (oracle_kernels_impl.inc)
 // compiled for avx2. The target region starts after every include (src/cpu_fast/fast_kernels.hpp).
 #include "oracle_kernels.hpp"
 
@@ -13,13 +13,23 @@
 #endif
 
 namespace oasis::verify::kernels::avx2_impl {
+namespace f64 {
+using T = double;
 constexpr int W = 4;
 typedef double V __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c); }
 constexpr int MR = 4, NC = 2;
-#define ISA_NAME "avx2"
 #include "oracle_kernels_impl.inc"
-#undef ISA_NAME
+}  // namespace f64
+namespace f32 {
+using T = float;
+constexpr int W = 8;
+typedef float V __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+constexpr int MR = 4, NC = 2;
+#include "oracle_kernels_impl.inc"
+}  // namespace f32
+static const Gemm table = {"avx2", &f64::gemm, &f32::gemm};
 }  // namespace oasis::verify::kernels::avx2_impl
 
 #if defined(__clang__)

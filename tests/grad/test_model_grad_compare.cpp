@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "model_grad_support.hpp"
@@ -430,11 +431,10 @@ TEST(ModelGradCompare, BadInputIsNamed) {
   io::TensorMap bf16 = good;
   bf16.begin()->second.dtype = io::DType::bf16;
   throws_naming(s.inputs, bf16, "F32 or F64");
-  // a wrong shape fails that tensor (it is not an input error)
+  // a gradient tensor whose shape is not the model's: an input error naming it and both shapes
   io::TensorMap shape = good;
   shape["grad.norm.weight"].values = Tensor<double>({3});
-  const verify::CompareReport r = run(s, shape);
-  EXPECT_FALSE(r.passed);
+  throws_naming(s.inputs, shape, "'grad.norm.weight': shape [3] but the configured model's grad.norm.weight has shape");
   // grad_logits without gradient tensors: a note, the forward's checks run as before
   io::TensorMap logits_only;
   logits_only["logits"] = stored(s.m.forward(s.li.ids, s.mc.B, s.mc.T).logits, io::DType::f32);
@@ -459,3 +459,86 @@ TEST(ModelGradCompare, BadInputIsNamed) {
 }
 
 }  // namespace
+
+// ---- The fast oracle of model gradients (docs/verify-model.md, "Model gradients: the fast oracle")
+
+verify::CompareReport run_with(const GradCase& s, const io::TensorMap& out, verify::Oracle oracle,
+                               double budget = verify::CompareOptions{}.mp50_budget) {
+  verify::CompareOptions co;
+  co.oracle = oracle;
+  co.mp50_budget = budget;
+  return verify::check_model(s.mc.cfg, s.weights, s.inputs, out, {}, co);
+}
+
+/// name -> passed of every row of a report.
+std::map<std::string, bool> verdicts(const verify::CompareReport& r) {
+  std::map<std::string, bool> v;
+  for (const auto& t : r.tensors) v[t.name] = t.passed;
+  return v;
+}
+
+TEST(ModelGradFastOracle, AgreesWithMp50OnEveryVerdict) {
+  // correct float32 gradients with every step's tensors, and every mutant of the zoo
+  std::vector<std::pair<std::string, std::pair<std::string, io::TensorMap>>> impls;
+  for (const char* c : {"kimi_full_oasis_final", "kimi_block2_oasis_sum_mass", "authors_oasis", "original"}) {
+    const GradCase s = make_case(c, base_seed());
+    const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+    impls.push_back({c, {"correct, every step traced", step_tensors(s, g)}});
+  }
+  for (const auto& [mu, cname] : mutant_cases()) {
+    const GradCase s = make_case(cname, base_seed());
+    const om::ModelGrads<float> g = mutant_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>(), mu);
+    impls.push_back({cname, {name_of(mu), step_tensors(s, g)}});
+  }
+  for (const auto& [cname, impl] : impls) {
+    SCOPED_TRACE(cname + ": " + impl.first);
+    const GradCase s = make_case(cname, base_seed());
+    const verify::CompareReport fast = run_with(s, impl.second, verify::Oracle::fast);
+    const verify::CompareReport exact = run_with(s, impl.second, verify::Oracle::mp50);
+    EXPECT_EQ(fast.passed, exact.passed) << verify::format_report(fast);
+    EXPECT_EQ(verdicts(fast), verdicts(exact));
+    bool fast_note = false;
+    for (const auto& n : fast.notes) fast_note = fast_note || n.find("gradients (fast") != std::string::npos;
+    const bool applies = !s.mc.cfg.norm_float32 && !s.mc.cfg.key_norm.compute_in_float32;
+    EXPECT_EQ(fast_note, applies) << verify::format_report(fast);
+    for (const auto& t : fast.tensors) EXPECT_EQ(t.undecided, 0) << t.name;
+  }
+}
+
+TEST(ModelGradFastOracle, RowOnTheLineIsUndecidedThenSettledByMp50) {
+  // grad.norm.weight (one row) moved by t times the fast verdict's allowance direction until the
+  // fast oracle can no longer decide it: bisection between a passing and a failing offset.
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+  io::TensorMap out{{"grad.norm.weight", stored(g.params.at("norm.weight"), io::DType::f32)}};
+  const io::StoredTensor base = out.at("grad.norm.weight");
+  auto at = [&](double t, double budget) {
+    io::TensorMap o = out;
+    o.at("grad.norm.weight").values[0] = base.values[0] + t;  // a double offset: not rounded to float
+    return run_with(s, o, verify::Oracle::fast, budget).tensors.front();
+  };
+  double lo = 0, hi = 1;
+  ASSERT_TRUE(at(lo, 0).passed);
+  ASSERT_GT(at(hi, 0).violations, 0);
+  verify::TensorReport und;
+  for (int k = 0; k < 200 && und.undecided == 0; ++k) {
+    const double mid = 0.5 * (lo + hi);
+    const verify::TensorReport r = at(mid, 0);
+    if (r.undecided > 0) und = r;
+    else (r.passed ? lo : hi) = mid;
+  }
+  ASSERT_GT(und.undecided, 0) << "no offset left the row undecided";
+  EXPECT_FALSE(und.passed);  // past the mp50 budget (0): named, never PASS
+  ASSERT_FALSE(und.first_undecided.empty());
+  EXPECT_EQ(und.first_undecided.front(), "grad.norm.weight row 0");
+  // within the budget mp50 settles it
+  const double t = 0.5 * (lo + hi);
+  io::TensorMap o = out;
+  o.at("grad.norm.weight").values[0] = base.values[0] + t;
+  const verify::CompareReport r = run_with(s, o, verify::Oracle::fast);
+  EXPECT_EQ(r.tensors.front().undecided, 0);
+  bool mp50_note = false;
+  for (const auto& n : r.notes) mp50_note = mp50_note || n.find("gradients (mp50 (rows the fast oracle left undecided))") != std::string::npos;
+  EXPECT_TRUE(mp50_note) << verify::format_report(r);
+  EXPECT_EQ(r.tensors.front().passed, run_with(s, o, verify::Oracle::mp50).tensors.front().passed);
+}

@@ -47,9 +47,10 @@ struct LinearGrads {
 };
 
 /// Backward of linear(x, W) given dy [N, out]: dx_rc = sum_o dy_ro W_oc, dW_oc = sum_r dy_ro x_rc
-/// (sums left to right).
+/// (sums left to right; with `products`, float or double: dx = dy W and dW = dy^T x through them).
 template <class T>
-LinearGrads<T> linear_backward(const Tensor<T>& x, const Tensor<T>& W, const Tensor<T>& dy) {
+LinearGrads<T> linear_backward(const Tensor<T>& x, const Tensor<T>& W, const Tensor<T>& dy,
+                               const MatrixProducts* products = nullptr) {
   require_rank(x, 2, "x", "[N, in]");
   require_rank(W, 2, "W", "[out, in]");
   const index_t N = x.dim(0), nin = x.dim(1), nout = W.dim(0);
@@ -57,6 +58,13 @@ LinearGrads<T> linear_backward(const Tensor<T>& x, const Tensor<T>& W, const Ten
   OASIS_REQUIRE(dy.shape() == (Shape{N, nout}), "dy", "shape ", shape_str(dy.shape()), " is not [N, out] = [", N, ", ",
                 nout, "]");
   LinearGrads<T> g{Tensor<T>({N, nin}), Tensor<T>({nout, nin})};
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (products) {
+      matrix_product(*products, false, false, N, nin, nout, dy.data(), W.data(), g.x.data());
+      matrix_product(*products, true, false, nout, nin, N, dy.data(), x.data(), g.W.data());
+      return g;
+    }
+  }
   for (index_t r = 0; r < N; ++r) {
     const T* d = dy.ptr(r);
     const T* xr = x.ptr(r);
@@ -166,18 +174,19 @@ struct AttentionSublayerGrads {
 };
 
 /// Backward of attention_sublayer(h, B, Tn, 0, W, cfg, ., ., {store}) given dL/dout [N, d] and
-/// dL/dpsi [B, Tn] of the branch's null statistic (empty: 0).
+/// dL/dpsi [B, Tn] of the branch's null statistic (empty: 0). `products`: the matrix products of
+/// its linear layers, forward recomputation included (MatrixProducts; null: sequential sums).
 template <class T>
 AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_t B, index_t Tn, const AttentionWeights<T>& W,
                                                       const ModelConfig& cfg, const Tensor<T>& dout, const Tensor<T>& dpsi,
-                                                      StoreFn store = nullptr) {
+                                                      StoreFn store = nullptr, const MatrixProducts* products = nullptr) {
   require_backward_support(cfg);
   OASIS_REQUIRE(!W.gate_w && !W.sink_k, "weights", "gated attention and the prefix sink have no backward here");
   const index_t H = cfg.n_heads, Hkv = cfg.kv_heads(), dh = cfg.head_dim(), N = B * Tn, d = cfg.d_model;
   OASIS_REQUIRE(h.shape() == (Shape{N, d}), "h", "shape ", shape_str(h.shape()), " is not [B T, d] = [", N, ", ", d, "]");
   OASIS_REQUIRE(dout.shape() == (Shape{N, d}), "dout", "shape ", shape_str(dout.shape()), " is not [B T, d] = [", N, ", ", d, "]");
   OASIS_REQUIRE(dpsi.empty() || dpsi.shape() == (Shape{B, Tn}), "dpsi", "shape ", shape_str(dpsi.shape()), " is not [B, T]");
-  const ErrorModel em{};
+  const ErrorModel em{0, products};
   const KeyNormOptions no = cfg.norm_options();
   const bool mass = cfg.psi_estimator == PsiEstimator::mass_deficit;
   // The forward itself: q, k, v after RoPE and the heads as it stored them, the probabilities
@@ -216,7 +225,7 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
   opt.causal = true;
 
   AttentionSublayerGrads<T> g;
-  const LinearGrads<T> go = linear_backward(fwd.heads.x, *W.wo, dout);
+  const LinearGrads<T> go = linear_backward(fwd.heads.x, *W.wo, dout, products);
   g.wo = go.W;
   AttentionCotangents<T> cot{to_heads(go.x, H), {}, {}};
   if (!dpsi.empty()) {
@@ -242,8 +251,8 @@ AttentionSublayerGrads<T> attention_sublayer_backward(const Tensor<T>& h, index_
     g.q_norm = std::move(nq.gain);
     g.k_norm = std::move(nk.gain);
   }
-  const LinearGrads<T> lq = linear_backward(xn.x, *W.wq, dq), lk = linear_backward(xn.x, *W.wk, dk),
-                       lv = linear_backward(xn.x, *W.wv, dv);
+  const LinearGrads<T> lq = linear_backward(xn.x, *W.wq, dq, products), lk = linear_backward(xn.x, *W.wk, dk, products),
+                       lv = linear_backward(xn.x, *W.wv, dv, products);
   g.wq = lq.W;
   g.wk = lk.W;
   g.wv = lv.W;
@@ -262,21 +271,23 @@ struct MlpSublayerGrads {
   Tensor<T> norm, gate, up, down;     ///< the weights' gradients (shapes of MlpWeights)
 };
 
-/// Backward of the MLP sublayer, down(stored(mlp_hidden(h))) (Model::run), given dL/dout [N, d].
+/// Backward of the MLP sublayer, down(stored(mlp_hidden(h))) (Model::run), given dL/dout [N, d];
+/// `products` as for attention_sublayer_backward.
 template <class T>
 MlpSublayerGrads<T> mlp_sublayer_backward(const Tensor<T>& h, const MlpWeights<T>& W, const ModelConfig& cfg,
-                                          const Tensor<T>& dout, StoreFn store = nullptr) {
-  const ErrorModel em{};
+                                          const Tensor<T>& dout, StoreFn store = nullptr,
+                                          const MatrixProducts* products = nullptr) {
+  const ErrorModel em{0, products};
   const KeyNormOptions no = cfg.norm_options();
   const Rows<T> xn = rms_norm(Rows<T>{h, {}}, *W.norm, no, em);  // the steps of mlp_hidden
   const Rows<T> a = linear(xn, *W.gate, em), b = linear(xn, *W.up, em);
   Rows<T> m = mlp_hidden(Rows<T>{h, {}}, W, cfg, em);
   store_values(m.x, store);
   MlpSublayerGrads<T> g;
-  const LinearGrads<T> gd = linear_backward(m.x, *W.down, dout);
+  const LinearGrads<T> gd = linear_backward(m.x, *W.down, dout, products);
   g.down = gd.W;
   const SwiGluGrads<T> gs = swiglu_backward(a.x, b.x, gd.x);
-  const LinearGrads<T> ga = linear_backward(xn.x, *W.gate, gs.a), gb = linear_backward(xn.x, *W.up, gs.b);
+  const LinearGrads<T> ga = linear_backward(xn.x, *W.gate, gs.a, products), gb = linear_backward(xn.x, *W.up, gs.b, products);
   g.gate = ga.W;
   g.up = gb.W;
   Tensor<T> dxn = ga.x;

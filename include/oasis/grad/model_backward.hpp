@@ -23,6 +23,7 @@
 //   embedding  embed_tokens.weight[id] accumulates the embedding gradient of every position holding id
 //
 // A slot's gradient is complete when its producer is reached (the steps are in forward order).
+// ForwardOptions::products (the matrix products) serves the backward's products as well.
 // Options: every configuration option of the forward is covered (uneven blocks, float32 norms:
 // the norms' backward runs in float32 as their forward, as pseudo_query_logits_backward treats
 // KeyNormOptions::compute_in_float32) except gated attention, the S2 prefix sink and token
@@ -89,6 +90,7 @@ struct ModelTape {
   Tensor<T> state;                      ///< [N, d] the readout state as computed (stored)
   Tensor<T> logits;                     ///< [B, T, V] as Model::run returned them
   StoreFn store = nullptr;              ///< the forward's storage rounding (straight-through)
+  const MatrixProducts* products = nullptr;  ///< ForwardOptions::products, for the backward's products too
   /// Called on every router's gradients before they are used (the tests inject known mistakes).
   std::function<void(RouteGrads<T>&, index_t router)> adjust_route;
   bool tied_head_into_embedding = true; ///< tied embeddings: the LM head's gradient is added to the table
@@ -111,8 +113,10 @@ ModelTape<T> record_forward(const Model<T>& m, Rows<T> x0, index_t B, index_t Tn
   tp.Tn = Tn;
   tp.schedule = m.schedule();
   tp.store = opt.store;
+  tp.products = opt.products;
   ForwardOptions fo;
   fo.store = opt.store;
+  fo.products = opt.products;
   DecodeState<T> st = m.new_state(B);
   ForwardResult<T> f = m.run(st, std::move(x0), B, Tn, fo, &tp.record);
   tp.state = f.state.reshaped({B * Tn, m.config().d_model});
@@ -132,7 +136,7 @@ ModelGrads<T> backward_from_tape(const Model<T>& m, const ModelTape<T>& tp, cons
                 shape_str(dstate_in.shape()), " is not [B, T, d] = ", shape_str(Shape{B, Tn, d}));
   require_finite(dlogits, "dlogits");
   require_finite(dstate_in, "dstate");
-  const ErrorModel em{};
+  const ErrorModel em{0, tp.products};
   auto btd = [&](const Tensor<T>& rows) { return rows.reshaped({B, Tn, rows.dim(1)}); };
   ModelGrads<T> res;
   for (const ParamSpec& p : parameter_specs(cfg)) res.params.emplace(p.name, Tensor<T>(p.shape));
@@ -143,7 +147,7 @@ ModelGrads<T> backward_from_tape(const Model<T>& m, const ModelTape<T>& tp, cons
   // head: logits = W_head RMSNorm(state) (Model::head; the logits' storage rounding: straight through)
   const Tensor<T>& W_head = m.param(cfg.tie_embeddings ? "embed_tokens.weight" : "lm_head.weight");
   const Rows<T> xn = rms_norm(Rows<T>{tp.state, {}}, m.param("norm.weight"), cfg.norm_options(), em);
-  const LinearGrads<T> gh = linear_backward(xn.x, W_head, dlogits.reshaped({N, V}));
+  const LinearGrads<T> gh = linear_backward(xn.x, W_head, dlogits.reshaped({N, V}), tp.products);
   if (!cfg.tie_embeddings) add_to(P.at("lm_head.weight"), gh.W);
   else if (tp.tied_head_into_embedding) add_to(P.at("embed_tokens.weight"), gh.W);
   NormGrads<T> gn = rms_norm_backward(tp.state, m.param("norm.weight"), cfg.norm_options(), gh.x);
@@ -214,7 +218,8 @@ ModelGrads<T> backward_from_tape(const Model<T>& m, const ModelTape<T>& tp, cons
       Tensor<T> dh;
       if (S.kind == SublayerKind::attention) {
         const AttentionSublayerGrads<T> g = attention_sublayer_backward(h, B, Tn, m.attn_weights(S.block), cfg, dout,
-                                                                        dpsi[k].reshaped({B, Tn}), tp.store);
+                                                                        dpsi[k].reshaped({B, Tn}), tp.store,
+                                                                        tp.products);
         add_to(P.at(L0 + ".attn_norm.weight"), g.norm);
         add_to(P.at(L0 + ".attn.q_proj.weight"), g.wq);
         add_to(P.at(L0 + ".attn.k_proj.weight"), g.wk);
@@ -227,7 +232,7 @@ ModelGrads<T> backward_from_tape(const Model<T>& m, const ModelTape<T>& tp, cons
         tr.grad_branch_psi = dpsi[k].reshaped({B, Tn});
         dh = g.h;
       } else {
-        const MlpSublayerGrads<T> g = mlp_sublayer_backward(h, m.mlp_weights(S.block), cfg, dout, tp.store);
+        const MlpSublayerGrads<T> g = mlp_sublayer_backward(h, m.mlp_weights(S.block), cfg, dout, tp.store, tp.products);
         add_to(P.at(L0 + ".mlp_norm.weight"), g.norm);
         add_to(P.at(L0 + ".mlp.gate_proj.weight"), g.gate);
         add_to(P.at(L0 + ".mlp.up_proj.weight"), g.up);

@@ -33,10 +33,32 @@
 
 namespace oasis::model {
 
+/// Row-major matrix products supplied by compiled code, C [M, N] = op(A) op(B) (overwritten),
+/// op(A) [M, K] is A stored [M, K], or A^T with A stored [K, M] when ta; likewise op(B) [K, N] and
+/// tb. Any summation order, fused multiply-add or not. The verifier's plain replays and its double
+/// oracle of model gradients run their matrix products through one (oasis::verify::matrix_products,
+/// blocked, per instruction set, threaded); without one (null, the default) linear() and
+/// linear_backward() keep their sequential sums, so that incremental decoding equals the full
+/// forward bit for bit.
+struct MatrixProducts {
+  void (*f32)(bool ta, bool tb, index_t M, index_t N, index_t K, const float* A, const float* B, float* C) = nullptr;
+  void (*f64)(bool ta, bool tb, index_t M, index_t N, index_t K, const double* A, const double* B, double* C) = nullptr;
+};
+
+/// C = op(A) op(B) through `p` (T float or double).
+template <class T>
+void matrix_product(const MatrixProducts& p, bool ta, bool tb, index_t M, index_t N, index_t K, const T* A, const T* B,
+                    T* C) {
+  if constexpr (std::is_same_v<T, float>) p.f32(ta, tb, M, N, K, A, B, C);
+  else p.f64(ta, tb, M, N, K, A, B, C);
+}
+
 /// First-order rounding model of the precision whose error is being bounded (u = 0: off).
 /// Standard model fl(a op b) = (a op b)(1 + d), |d| <= u; exp, log, sin, cos, pow within 2u.
+/// `products`: the matrix products linear() uses when set (MatrixProducts; float and double only).
 struct ErrorModel {
   double u = 0;
+  const MatrixProducts* products = nullptr;
   bool on() const { return u > 0; }
   /// gamma_n = n u / (1 - n u) (Higham, Lemma 3.1).
   double gamma(double n) const { return n * u / (1.0 - n * u); }
@@ -106,6 +128,12 @@ Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
   const index_t N = in.n(), nin = in.w(), nout = W.dim(0);
   OASIS_REQUIRE(W.rank() == 2 && W.dim(1) == nin, "W", "shape ", shape_str(W.shape()), " does not take inputs of width ", nin);
   Rows<T> out{Tensor<T>({N, nout}), {}};
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (em.products && !em.on()) {
+      matrix_product(*em.products, false, true, N, nout, nin, in.x.data(), W.data(), out.x.data());
+      return out;
+    }
+  }
   if constexpr (std::is_same_v<T, double>) {
     if (em.on()) {
       using M = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

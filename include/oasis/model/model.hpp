@@ -147,6 +147,9 @@ struct ForwardOptions {
   /// block sums and their psi, the readout state and the logits. Models an implementation that
   /// computes in T and stores bfloat16 (or float16, float32) activations. Not combinable with error_u.
   StoreFn store = nullptr;
+  /// The matrix products of every linear layer (MatrixProducts, layers.hpp; null: sequential sums,
+  /// incremental decoding equal to the full forward bit for bit). Ignored with error_u.
+  const MatrixProducts* products = nullptr;
 };
 
 template <class T>
@@ -405,7 +408,7 @@ ForwardResult<T> Model<T>::run(DecodeState<T>& st, Rows<T> x0, index_t B, index_
   OASIS_REQUIRE(opt.error_u >= 0 && opt.error_u < 1e-2, "error_u", "unit roundoff must lie in [0, 1e-2), got ", opt.error_u);
   OASIS_REQUIRE(opt.error_u == 0 || (!opt.quant && cfg_.forward_bound_derived() && !opt.store), "error_u",
                 "no forward error bound is derived with fake quantisation, storage rounding, gated attention or the prefix sink");
-  const ErrorModel em{opt.error_u};
+  const ErrorModel em{opt.error_u, opt.error_u > 0 ? nullptr : opt.products};
   const SublayerOptions so{opt.quant, opt.trace && opt.trace_probs, opt.store};
   if (opt.quant && opt.quant->calibration) opt.quant->calibration->begin_pass();
   const StoreFn store = opt.store;

@@ -6,6 +6,7 @@
 #include "matrix_products.hpp"
 
 #include <algorithm>
+#include <cfenv>
 #include <memory>
 
 #include "oracle_kernels.hpp"
@@ -85,8 +86,13 @@ void product(bool ta, bool tb, idx M, idx N, idx K, const T* A, const T* B, T* C
   const idx Nq = N - N % kColumnQuantum;
   const idx row_blocks = (M + kRowBlock - 1) / kRowBlock, col_blocks = std::max<idx>(1, (Nq + kColBlock - 1) / kColBlock);
   const idx tasks = row_blocks * col_blocks;
+  // The plain replays run under directed rounding (fesetround is per thread, and OpenMP's pool
+  // threads keep theirs): every thread rounds as the caller does while it computes.
+  const int rounding = std::fegetround();
 #pragma omp parallel if (tasks > 1 && static_cast<double>(M) * N * K >= kParallelWork)
   {
+    const int own_rounding = std::fegetround();
+    std::fesetround(rounding);
     // With tb, each thread transposes the column block of B it works on, once for all its row
     // blocks (the tasks of one thread are consecutive, column block by column block).
     // Its rows are kPad longer than the block: 2048 floats apart, the 64 rows that a tile of the
@@ -109,6 +115,7 @@ void product(bool ta, bool tb, idx M, idx N, idx K, const T* A, const T* B, T* C
       if (jq > j0) gemm(A + i0 * K, K, b, ldb, C + i0 * N + j0, N, i1 - i0, jq - j0, K, false);
       if (j1 > jq) plain_columns(A, b + (jq - j0), ldb, C, N, i0, i1, jq, j1, K);
     }
+    std::fesetround(own_rounding);
   }
 }
 

@@ -5,6 +5,7 @@
 // against the triple loop in long double; repeated calls and other thread counts bitwise equal.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -160,3 +161,38 @@ TEST(MatrixProducts, RepeatedCallsAndThreadCountsAgreeBitwise) {
 }
 
 }  // namespace
+
+// The plain replays call the products under directed rounding: every thread of the product must
+// round as the caller, so that a directed product equals its one-thread evaluation bit for bit and
+// rounds upward above the downward one in every element.
+TEST(MatrixProducts, EveryThreadRoundsAsTheCaller) {
+  const index_t M = 300, N = 2100 + 7, K = 96;
+  auto rng = oasis::test::make_rng(401);
+  const auto A = oasis::test::randn<float>({M, K}, rng), B = oasis::test::randn<float>({K, N}, rng);
+  const auto& mp = oasis::verify::matrix_products();
+  auto run = [&](int mode, int threads) {
+    std::vector<float> c(M * N);
+#ifdef _OPENMP
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+#endif
+    const int old = std::fegetround();
+    std::fesetround(mode);
+    mp.f32(false, false, M, N, K, A.data(), B.data(), c.data());
+    std::fesetround(old);
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+    return c;
+  };
+  (void)run(FE_TONEAREST, 2);  // the pool's threads exist, in the default rounding
+  const std::vector<float> up2 = run(FE_UPWARD, 2), up1 = run(FE_UPWARD, 1), down2 = run(FE_DOWNWARD, 2);
+  EXPECT_EQ(std::memcmp(up2.data(), up1.data(), up1.size() * sizeof(float)), 0);
+  index_t above = 0;
+  for (std::size_t i = 0; i < up2.size(); ++i) {
+    ASSERT_GE(up2[i], down2[i]) << "element " << i;
+    above += up2[i] > down2[i];
+  }
+  EXPECT_GT(above, static_cast<index_t>(up2.size() / 2));
+  EXPECT_EQ(std::fegetround(), FE_TONEAREST);
+}

@@ -28,6 +28,7 @@
 
 #include "bench_support.hpp"
 #include "matrix_products.hpp"
+#include "model_grad_replays.hpp"
 #include "oasis/grad/model_backward.hpp"
 #include "oasis/model/io.hpp"
 #include "oasis/model/model.hpp"
@@ -83,15 +84,7 @@ std::unique_ptr<GradProblem> grad_problem(const om::ModelConfig& cfg, index_t T,
   }
   p->in.emplace("grad_logits", f32(dl));
   const om::ModelGrads<float> g = om::model_backward(m, ids, 1, T, dl, {}, fo);
-  for (const auto& [n, t] : g.params) p->trace.emplace("grad." + n, f32(t));
-  p->trace.emplace("grad_embeddings", f32(g.embeddings));
-  p->trace.emplace("grad_state", f32(g.state));
-  for (const auto& tr : g.trace)
-    for (const auto& [field, t] : {std::pair<const char*, const Tensor<float>*>{"grad_input", &tr.grad_input},
-                                   {"grad_output", &tr.grad_output}, {"grad_routed", &tr.grad_routed},
-                                   {"grad_branch_psi", &tr.grad_branch_psi}, {"grad_sources", &tr.grad_sources},
-                                   {"grad_g_old", &tr.grad_g_old}, {"grad_psi", &tr.grad_psi}})
-      if (!t->empty()) p->trace.emplace(tr.name + "." + field, f32(*t));
+  for (const std::string& n : verify::detail::gradient_names(g)) p->trace.emplace(n, f32(*verify::detail::find_gradient(g, n)));
   return p;
 }
 

@@ -61,8 +61,8 @@ void plain_columns(const T* A, const T* B, idx ldb, T* C, idx ldc, idx i0, idx i
     for (idx j = j0; j < j1; ++j) c[j] = T(0);
     for (idx k = 0; k < K; ++k) {
       const T a = A[i * K + k];
-      const T* b = B + k * ldb - j0;
-      for (idx j = j0; j < j1; ++j) c[j] += a * b[j];
+      const T* b = B + k * ldb;
+      for (idx j = j0; j < j1; ++j) c[j] += a * b[j - j0];
     }
   }
 }

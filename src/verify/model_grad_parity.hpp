@@ -35,18 +35,22 @@ inline std::string index_of(const Shape& shape, index_t flat) {
 inline index_t parity_row_width(const Shape& s) {
   index_t n = 1;
   for (index_t d : s) n *= d;
-  return s.size() >= 2 ? s.back() : std::max<index_t>(n, 1);
+  return s.size() >= 2 ? std::max<index_t>(s.back(), 1) : std::max<index_t>(n, 1);
 }
 
 /// acc[row] = max(acc[row], max_c |x - ref|) over the rows of x (acc sized on first use): one
-/// replay's row errors folded into the largest so far.
+/// replay's row errors folded into the largest so far; a NaN difference wins (the row cannot be
+/// judged, parity_rows leaves it undecided).
 template <class T, class R>
 void add_row_deviation(std::vector<double>& acc, const Tensor<T>& x, const Tensor<R>& ref) {
   const index_t w = parity_row_width(ref.shape()), rows = ref.size() / w;
   acc.resize(static_cast<std::size_t>(rows), 0.0);
   for (index_t row = 0; row < rows; ++row) {
     double m = acc[static_cast<std::size_t>(row)];
-    for (index_t i = row * w; i < (row + 1) * w; ++i) m = std::max(m, std::abs(static_cast<double>(x[i]) - static_cast<double>(ref[i])));
+    for (index_t i = row * w; i < (row + 1) * w; ++i) {
+      const double d = std::abs(static_cast<double>(x[i]) - static_cast<double>(ref[i]));
+      if (!(d <= m)) m = d;
+    }
     acc[static_cast<std::size_t>(row)] = m;
   }
 }
@@ -113,7 +117,9 @@ TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, c
     const double ref = ref_err[static_cast<std::size_t>(row)], er = E ? (*E)[static_cast<std::size_t>(row)] : 0.0;
     const double allowed = 2 * ref + floor_at(mag);
     const double allowed_lo = 2 * std::max(ref - er, 0.0) + floor_at(mag - er), allowed_hi = 2 * (ref + er) + floor_at(mag + er);
-    const bool fails = nan || err - er > allowed_hi, passes = !nan && err + er <= allowed_lo;
+    // a replay (or the reference) not finite on this row gives no allowance: the row is undecided
+    const bool judgeable = std::isfinite(ref) && std::isfinite(er) && std::isfinite(mag);
+    const bool fails = judgeable && (nan || err - er > allowed_hi), passes = judgeable && !nan && err + er <= allowed_lo;
     if (!fails && !passes) {
       r.undecided += w;
       if (static_cast<index_t>(r.first_undecided.size()) < show) r.first_undecided.push_back(name + " row " + std::to_string(row));
@@ -165,6 +171,5 @@ std::pair<Tensor<T>, Tensor<T>> split_cotangent(const Tensor<T>& dl) {
   }
   return s;
 }
-
 
 }  // namespace oasis::verify::detail

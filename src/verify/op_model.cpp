@@ -67,7 +67,6 @@ struct Models {
   }
 };
 
-
 double store_bf16(double x) { return io::round_to_dtype(x, DType::bf16); }
 double store_f16(double x) { return io::round_to_dtype(x, DType::f16); }
 

@@ -7,8 +7,8 @@
 //                                    grad_input, grad_output, grad_routed, grad_branch_psi,
 //                                    grad_sources, grad_g_old, grad_psi
 // Reference: the oracle's backward (oasis::model::model_backward) from the same ids, weights and
-// grad_logits, exact (x_hp: mp50, or double within an estimated error, below), and six plain replays in the tensor's precision (x_ref,k: Model<double>
-// for f64, Model<float> for f32). A gradient is the end of the whole model's chain, so no composed
+// grad_logits, exact (x_hp: mp50, or double within an estimated error, below), and six plain
+// replays in the tensor's precision (x_ref,k: Model<double> for f64, Model<float> for f32). A gradient is the end of the whole model's chain, so no composed
 // first-order bound is non-vacuous (docs/model.md); the verdict is the backends' parity rule
 // (docs/tolerances.md item 4) per row — the last axis; a rank <= 1 tensor is one row — in the
 // infinity norm, against the largest of the six replays' row errors:
@@ -48,6 +48,7 @@
 
 #include "matrix_products.hpp"
 #include "model_grad_parity.hpp"
+#include "model_grad_replays.hpp"
 #include "progress.hpp"
 #include "op_support.hpp"
 #include "oasis/grad/model_backward.hpp"
@@ -57,94 +58,6 @@ namespace oasis::verify::detail {
 namespace {
 
 namespace om = oasis::model;
-
-template <class T>
-const Tensor<T>* trace_field(const om::SublayerGradTrace<T>& tr, const std::string& f) {
-  if (f == "grad_input") return &tr.grad_input;
-  if (f == "grad_output") return &tr.grad_output;
-  if (f == "grad_routed") return &tr.grad_routed;
-  if (f == "grad_branch_psi") return &tr.grad_branch_psi;
-  if (f == "grad_sources") return &tr.grad_sources;
-  if (f == "grad_g_old") return &tr.grad_g_old;
-  if (f == "grad_psi") return &tr.grad_psi;
-  return nullptr;
-}
-
-/// The tensor `name` of a backward result (nullptr: no such tensor; empty: not defined here).
-template <class T>
-const Tensor<T>* find_gradient(const om::ModelGrads<T>& g, const std::string& name) {
-  if (name == "grad_state") return &g.state;
-  if (name == "grad_embeddings") return &g.embeddings;
-  if (name.rfind("grad.", 0) == 0) {
-    const auto it = g.params.find(name.substr(5));
-    return it == g.params.end() ? nullptr : &it->second;
-  }
-  const std::size_t dot = name.rfind('.');
-  if (dot == std::string::npos) return nullptr;
-  const std::string sub = name.substr(0, dot), field = name.substr(dot + 1);
-  for (const auto& tr : g.trace)
-    if (tr.name == sub) return trace_field(tr, field);
-  return nullptr;
-}
-
-template <class T>
-std::string known_names(const om::ModelGrads<T>& g) {
-  std::ostringstream os;
-  os << "grad.<parameter> (";
-  bool first = true;
-  for (const auto& [n, t] : g.params) {
-    (void)t;
-    os << (first ? "" : ", ") << n;
-    first = false;
-  }
-  os << "), grad_state, grad_embeddings, <sublayer>.{grad_input, grad_output, grad_routed, grad_branch_psi, "
-        "grad_sources, grad_g_old, grad_psi} for the sublayers ";
-  first = true;
-  for (const auto& tr : g.trace) {
-    os << (first ? "" : ", ") << tr.name;
-    first = false;
-  }
-  return os.str();
-}
-
-/// The replays' largest row error against `ref`, per checked name: the plain backward in T (its
-/// forward recomputation included) rounding to nearest, upward and downward, each from dl whole and
-/// as backward(hi) + backward(lo) with dl = hi + lo split exactly. Each realisation is folded into
-/// the row errors as soon as it is computed (memory: one realisation and its split half at a time);
-/// the forward is recorded once per rounding direction for its three backwards (the same forward
-/// bit for bit as three separate model_backward calls). The caller casts the weights and
-/// grad_logits to T, and the split runs, under the default rounding.
-template <class T, class R>
-std::map<std::string, std::vector<double>> replay_row_errors(const om::Model<T>& m, const std::vector<index_t>& ids,
-                                                             index_t B, index_t Tn, const Tensor<T>& dl,
-                                                             const std::vector<std::string>& names,
-                                                             const om::ModelGrads<R>& ref) {
-  const auto [hi, lo] = split_cotangent(dl);
-  om::ForwardOptions fo;
-  fo.products = &matrix_products();
-  std::map<std::string, std::vector<double>> dev;
-  auto backward = [&](const om::detail::ModelTape<T>& tape, const Tensor<T>& cot) {
-    om::ModelGrads<T> g = om::detail::backward_from_tape(m, tape, cot, Tensor<T>());
-    om::detail::accumulate_embedding_table(g, ids);
-    return g;
-  };
-  for (int mode : {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD}) {
-    const RoundingMode rm(mode);
-    const om::detail::ModelTape<T> tape = om::detail::record_forward(m, m.embed(ids, B, Tn), B, Tn, fo);
-    {
-      const om::ModelGrads<T> g = backward(tape, dl);
-      for (const std::string& n : names) add_row_deviation(dev[n], *find_gradient(g, n), *find_gradient(ref, n));
-    }
-    const om::ModelGrads<T> gh = backward(tape, hi), gl = backward(tape, lo);
-    for (const std::string& n : names) {
-      Tensor<T> x = *find_gradient(gh, n);
-      const Tensor<T>& y = *find_gradient(gl, n);
-      for (index_t i = 0; i < x.size(); ++i) x[i] += y[i];
-      add_row_deviation(dev[n], x, *find_gradient(ref, n));
-    }
-  }
-  return dev;
-}
 
 /// Multiply-adds of one model backward (its forward recomputation included), for the mp50 budget.
 double backward_work(const om::ModelConfig& c, index_t N) {

@@ -16,29 +16,14 @@
 #include <vector>
 
 #include "matrix_products.hpp"
-#include "model_grad_parity.hpp"
+#include "model_grad_replays.hpp"
+#include "op_model_grad.hpp"
 #include "model_grad_support.hpp"
 
 namespace oasis::model_grad_test {
 namespace {
 
 namespace vd = oasis::verify::detail;
-
-/// Every gradient tensor of a backward result by report name.
-template <class T>
-std::map<std::string, const Tensor<T>*> all_gradients(const om::ModelGrads<T>& g) {
-  std::map<std::string, const Tensor<T>*> out;
-  for (const auto& [n, t] : g.params) out["grad." + n] = &t;
-  out["grad_embeddings"] = &g.embeddings;
-  out["grad_state"] = &g.state;
-  for (const auto& tr : g.trace)
-    for (const auto& [f, t] : {std::pair<const char*, const Tensor<T>*>{"grad_input", &tr.grad_input},
-                               {"grad_output", &tr.grad_output}, {"grad_routed", &tr.grad_routed},
-                               {"grad_branch_psi", &tr.grad_branch_psi}, {"grad_sources", &tr.grad_sources},
-                               {"grad_g_old", &tr.grad_g_old}, {"grad_psi", &tr.grad_psi}})
-      if (!t->empty()) out[tr.name + "." + f] = t;
-  return out;
-}
 
 TEST(ModelGradFastOracle, DoubleBackwardIsWithinItsEstimatedErrorOfTheExactOne) {
   om::ForwardOptions fo;
@@ -47,7 +32,7 @@ TEST(ModelGradFastOracle, DoubleBackwardIsWithinItsEstimatedErrorOfTheExactOne) 
   std::string worst_at;
   index_t rows = 0;
   for (const ModelCase& mc : model_cases()) {
-    if (mc.cfg.norm_float32 || mc.cfg.key_norm.compute_in_float32) continue;  // mp50 there (no fast oracle)
+    if (!vd::fast_oracle_applies(mc.cfg)) continue;  // mp50 there
     try {
       om::require_backward_support(mc.cfg);
     } catch (const oasis::invalid_argument&) {
@@ -60,29 +45,13 @@ TEST(ModelGradFastOracle, DoubleBackwardIsWithinItsEstimatedErrorOfTheExactOne) 
       const Tensor<double> dl = li.R.cast<float>().cast<double>();  // exact in float, as an implementation's
       const om::ModelGrads<double> xd = om::model_backward(md, li.ids, mc.B, mc.T, dl, {}, fo);
       const om::ModelGrads<mp50> hp = om::model_backward(md.cast<mp50>(), li.ids, mc.B, mc.T, dl.cast<mp50>());
-      // the six float replays' row errors against x_d (as op_model_grad.cpp forms them)
-      const om::Model<float> m32 = md.cast<float>();
-      const Tensor<float> dl32 = dl.cast<float>();
-      const auto [hi, lo] = vd::split_cotangent(dl32);
-      const auto ref = all_gradients(xd);
-      std::map<std::string, std::vector<double>> dev;
-      for (int mode : {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD}) {
-        const vd::RoundingMode rm(mode);
-        const om::ModelGrads<float> g = om::model_backward(m32, li.ids, mc.B, mc.T, dl32, {}, fo);
-        const om::ModelGrads<float> gh = om::model_backward(m32, li.ids, mc.B, mc.T, hi, {}, fo);
-        const om::ModelGrads<float> gl = om::model_backward(m32, li.ids, mc.B, mc.T, lo, {}, fo);
-        const auto a = all_gradients(g), h = all_gradients(gh), l = all_gradients(gl);
-        for (const auto& [n, x] : ref) {
-          vd::add_row_deviation(dev[n], *a.at(n), *x);
-          Tensor<float> s = *h.at(n);
-          for (index_t i = 0; i < s.size(); ++i) s[i] += (*l.at(n))[i];
-          vd::add_row_deviation(dev[n], s, *x);
-        }
-      }
-      const auto exact = all_gradients(hp);
-      for (const auto& [n, x] : ref) {
+      const std::vector<std::string> names = vd::gradient_names(xd);
+      // the six float replays' row errors against x_d, as the check forms them
+      const auto dev = vd::replay_row_errors(md.cast<float>(), li.ids, mc.B, mc.T, dl.cast<float>(), names, xd);
+      for (const std::string& n : names) {
+        const Tensor<double>* x = vd::find_gradient(xd, n);
         const std::vector<double> E = vd::double_row_error(dev.at(n), *x);
-        const Tensor<mp50>& e = *exact.at(n);
+        const Tensor<mp50>& e = *vd::find_gradient(hp, n);
         const index_t w = vd::parity_row_width(x->shape());
         for (std::size_t r = 0; r < E.size(); ++r, ++rows) {
           double err = 0;

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "oasis/grad/instances.hpp"
@@ -59,6 +60,15 @@ struct SublayerGradTrace {
   Tensor<T> grad_g_old;       ///< [n, B, T] dL/d the router's logits before coupling (before the uncoupled clamp)
   Tensor<T> grad_psi;         ///< [n, B, T] dL/d the candidates' psi as given to the coupling (0 where not read)
 };
+
+/// The gradient fields of a sublayer's trace by field name, in declaration order (a trace tensor is
+/// "<sublayer>.<field>"; empty ones are not defined for that sublayer).
+template <class T>
+std::vector<std::pair<const char*, const Tensor<T>*>> grad_trace_fields(const SublayerGradTrace<T>& tr) {
+  return {{"grad_input", &tr.grad_input},   {"grad_output", &tr.grad_output}, {"grad_routed", &tr.grad_routed},
+          {"grad_branch_psi", &tr.grad_branch_psi}, {"grad_sources", &tr.grad_sources},
+          {"grad_g_old", &tr.grad_g_old},   {"grad_psi", &tr.grad_psi}};
+}
 
 /// Result of model_backward.
 template <class T>

@@ -7,7 +7,7 @@
 // derived in docs/model.md ("Forward error bound"); every layer below states its rule.
 //
 //   RMSNorm     y = x / sqrt(mean(x^2) + eps) * g                   (core rms_norm_row)
-//   linear      y = W x,  W [out, in] (PyTorch nn.Linear layout, no bias)
+//   linear      y = W x,  W [out, in] (PyTorch nn.Linear layout, no bias; oasis/model/linear.hpp)
 //   RoPE        rotate_half: pairs (c, c + d_h/2); interleaved: pairs (2c, 2c + 1);
 //               angle = pos * theta^(-2c/d_h); (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
 //   attention   Attn(x) = W_o concat_h token_attention(q_h, k, v)   (core token_attention)
@@ -28,63 +28,12 @@
 #include "oasis/ops/coupling.hpp"
 #include "oasis/ops/depth.hpp"
 #include "oasis/model/config.hpp"
+#include "oasis/model/linear.hpp"
 #include "oasis/ops/quantize.hpp"
 #include "oasis/core/tensor.hpp"
 
 namespace oasis::model {
 
-/// Row-major matrix products supplied by compiled code, C [M, N] = op(A) op(B) (overwritten),
-/// op(A) [M, K] is A stored [M, K], or A^T with A stored [K, M] when ta; likewise op(B) [K, N] and
-/// tb. Any summation order, fused multiply-add or not. The verifier's plain replays and its double
-/// oracle of model gradients run their matrix products through one (oasis::verify::matrix_products,
-/// blocked, per instruction set, threaded); without one (null, the default) linear() and
-/// linear_backward() keep their sequential sums, so that incremental decoding equals the full
-/// forward bit for bit.
-struct MatrixProducts {
-  void (*f32)(bool ta, bool tb, index_t M, index_t N, index_t K, const float* A, const float* B, float* C) = nullptr;
-  void (*f64)(bool ta, bool tb, index_t M, index_t N, index_t K, const double* A, const double* B, double* C) = nullptr;
-};
-
-/// C = op(A) op(B) through `p` (T float or double).
-template <class T>
-void matrix_product(const MatrixProducts& p, bool ta, bool tb, index_t M, index_t N, index_t K, const T* A, const T* B,
-                    T* C) {
-  if constexpr (std::is_same_v<T, float>) p.f32(ta, tb, M, N, K, A, B, C);
-  else p.f64(ta, tb, M, N, K, A, B, C);
-}
-
-/// First-order rounding model of the precision whose error is being bounded (u = 0: off).
-/// Standard model fl(a op b) = (a op b)(1 + d), |d| <= u; exp, log, sin, cos, pow within 2u.
-/// `products`: the matrix products linear() uses when set (MatrixProducts; float and double only).
-struct ErrorModel {
-  double u = 0;
-  const MatrixProducts* products = nullptr;
-  bool on() const { return u > 0; }
-  /// gamma_n = n u / (1 - n u) (Higham, Lemma 3.1).
-  double gamma(double n) const { return n * u / (1.0 - n * u); }
-  /// Bound of a mean of n values (summed left to right, then divided) from the sum of their bounds.
-  double mean_error(double e_sum, double n, double mean) const { return e_sum / n + (n + 1) * u * mean; }
-};
-
-/// Row-major activations [N, w] with optional per-row error bounds.
-template <class T>
-struct Rows {
-  Tensor<T> x;
-  std::vector<double> e;  ///< size N when the error model is on, else empty
-  index_t n() const { return x.dim(0); }
-  index_t w() const { return x.dim(1); }
-};
-
-template <class T> inline double row_inf(const T* x, index_t w) {
-  double m = 0;
-  for (index_t c = 0; c < w; ++c) m = std::max(m, std::abs(to_double(x[c])));
-  return m;
-}
-template <class T> inline double row_l1(const T* x, index_t w) {
-  double m = 0;
-  for (index_t c = 0; c < w; ++c) m += std::abs(to_double(x[c]));
-  return m;
-}
 
 /// RMSNorm of every row with gain g [w] (empty: no gain).
 /// Error rule: J = diag(g) inv (I - x x^T inv^2 / w), ||J||_inf <= g_max inv (1 + ||x||_inf ||x||_1 inv^2 / w);
@@ -115,88 +64,6 @@ Rows<T> rms_norm(const Rows<T>& in, const Tensor<T>& gain, const KeyNormOptions&
   return out;
 }
 
-/// y = W x for every row, W [out, in]; left-to-right dot products.
-/// Error rule: e_y = ||W||_inf e_x + gamma_in max_r sum_c |W_rc x_c|   (Higham 3.1; W exact).
-/// In double with the error model on (the bounded evaluation: the fast oracle of the model level,
-/// the double replay of the end-to-end verdict), the products and the sums |W||x| of the rule are
-/// blocked matrix products (Eigen, OpenMP where the caller is compiled with it): gamma_in holds for
-/// every summation order, with or without fused multiply-add. Otherwise each output is the
-/// sequential sum over the inputs, whatever the number of rows (incremental decoding equals the
-/// full forward bit for bit).
-template <class T>
-Rows<T> linear(const Rows<T>& in, const Tensor<T>& W, const ErrorModel& em) {
-  const index_t N = in.n(), nin = in.w(), nout = W.dim(0);
-  OASIS_REQUIRE(W.rank() == 2 && W.dim(1) == nin, "W", "shape ", shape_str(W.shape()), " does not take inputs of width ", nin);
-  Rows<T> out{Tensor<T>({N, nout}), {}};
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (em.products && !em.on()) {
-      matrix_product(*em.products, false, true, N, nout, nin, in.x.data(), W.data(), out.x.data());
-      return out;
-    }
-  }
-  if constexpr (std::is_same_v<T, double>) {
-    if (em.on()) {
-      using M = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-      const Eigen::Map<const M> X(in.x.data(), N, nin), Wm(W.data(), nout, nin);
-      Eigen::Map<M>(out.x.data(), N, nout).noalias() = X * Wm.transpose();
-      const M Wa = Wm.cwiseAbs();
-      const double wnorm = Wa.rowwise().sum().maxCoeff();
-      out.e.resize(static_cast<std::size_t>(N));
-      const index_t chunk = 256;  // rows of |X||W|^T at a time (memory: chunk x nout)
-      for (index_t r0 = 0; r0 < N; r0 += chunk) {
-        const index_t nr = std::min(chunk, N - r0);
-        const M A = X.middleRows(r0, nr).cwiseAbs() * Wa.transpose();
-        for (index_t r = 0; r < nr; ++r)
-          out.e[static_cast<std::size_t>(r0 + r)] = wnorm * in.e[static_cast<std::size_t>(r0 + r)] +
-                                                    em.gamma(static_cast<double>(nin)) * A.row(r).maxCoeff();
-      }
-      return out;
-    }
-  }
-  // Each output is the sequential sum over c; four outputs at a time (independent accumulators,
-  // the same values) so that the loop is not bound by one addition's latency.
-  for (index_t r = 0; r < N; ++r) {
-    const T* x = in.x.ptr(r);
-    T* y = out.x.ptr(r);
-    index_t o = 0;
-    for (; o + 4 <= nout; o += 4) {
-      const T *w0 = W.ptr(o), *w1 = W.ptr(o + 1), *w2 = W.ptr(o + 2), *w3 = W.ptr(o + 3);
-      T a0(0), a1(0), a2(0), a3(0);
-      for (index_t c = 0; c < nin; ++c) {
-        a0 += w0[c] * x[c];
-        a1 += w1[c] * x[c];
-        a2 += w2[c] * x[c];
-        a3 += w3[c] * x[c];
-      }
-      y[o] = a0;
-      y[o + 1] = a1;
-      y[o + 2] = a2;
-      y[o + 3] = a3;
-    }
-    for (; o < nout; ++o) {
-      const T* wr = W.ptr(o);
-      T acc(0);
-      for (index_t c = 0; c < nin; ++c) acc += wr[c] * x[c];
-      y[o] = acc;
-    }
-  }
-  if (em.on()) {
-    double wnorm = 0;
-    for (index_t o = 0; o < nout; ++o) wnorm = std::max(wnorm, row_l1(W.ptr(o), nin));
-    out.e.resize(static_cast<std::size_t>(N));
-    for (index_t r = 0; r < N; ++r) {
-      const T* x = in.x.ptr(r);
-      double absdot = 0;
-      for (index_t o = 0; o < nout; ++o) {
-        double s = 0;
-        for (index_t c = 0; c < nin; ++c) s += std::abs(to_double(W(o, c)) * to_double(x[c]));
-        absdot = std::max(absdot, s);
-      }
-      out.e[static_cast<std::size_t>(r)] = wnorm * in.e[static_cast<std::size_t>(r)] + em.gamma(static_cast<double>(nin)) * absdot;
-    }
-  }
-  return out;
-}
 
 /// linear() with optional fake weight-activation quantisation (oasis/ops/quantize.hpp):
 /// y = linear(Q_A(x), Q_W(W)): Q_A = oasis::quantize_activation (dynamic ranges over the rows of

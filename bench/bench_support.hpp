@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "oasis/ops/attention.hpp"
 #include "oasis/grad/attention_backward.hpp"
@@ -34,6 +35,18 @@ std::string validate_attention_backward(const oasis::Tensor<float>& q, const oas
                                         const oasis::Tensor<float>& v, const oasis::AttentionCotangents<float>& d,
                                         const oasis::AttentionOptions& opt, const oasis::AttentionGrads<float>& fast,
                                         oasis::index_t last_rows, oasis::index_t first_rows);
+
+/// The token ids of the model benchmarks, (7919 i + 13) mod vocab for i < T; `as_tensor` receives
+/// them as the [1, T] input tensor "ids".
+inline std::vector<oasis::index_t> model_ids(oasis::index_t T, oasis::index_t vocab, oasis::Tensor<double>& as_tensor) {
+  std::vector<oasis::index_t> ids;
+  as_tensor = oasis::Tensor<double>({1, T});
+  for (oasis::index_t i = 0; i < T; ++i) {
+    ids.push_back((7919 * i + 13) % vocab);
+    as_tensor[i] = static_cast<double>(ids.back());
+  }
+  return ids;
+}
 
 /// Aborts the benchmark run (exit status 2) with a message: a configuration failed validation.
 [[noreturn]] void abort_run(const std::string& what);

@@ -345,12 +345,8 @@ std::unique_ptr<ModelProblem> model_problem(const model::ModelConfig& cfg, index
   p->cfg = cfg;
   const model::Model<float> m = model::Model<float>::initialized(cfg, 2027);
   for (const auto& [name, t] : m.parameters()) p->weights.emplace(name, stored(t));
-  std::vector<index_t> ids;
-  Tensor<double> idt({1, T});
-  for (index_t i = 0; i < T; ++i) {
-    ids.push_back((7919 * i + 13) % cfg.vocab_size);
-    idt[i] = static_cast<double>(ids.back());
-  }
+  Tensor<double> idt;
+  const std::vector<index_t> ids = model_ids(T, cfg.vocab_size, idt);
   p->in.emplace("ids", io::StoredTensor{io::DType::i32, idt});
   model::ForwardOptions fo;
   fo.trace = true;

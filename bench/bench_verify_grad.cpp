@@ -57,12 +57,8 @@ std::unique_ptr<GradProblem> grad_problem(const om::ModelConfig& cfg, index_t T,
   p->cfg.init_std = init_std;
   const om::Model<float> m = om::Model<float>::initialized(p->cfg, 2027);
   for (const auto& [name, t] : m.parameters()) p->weights.emplace(name, f32(t));
-  std::vector<index_t> ids;
-  Tensor<double> idt({1, T});
-  for (index_t i = 0; i < T; ++i) {
-    ids.push_back((7919 * i + 13) % cfg.vocab_size);
-    idt[i] = static_cast<double>(ids.back());
-  }
+  Tensor<double> idt;
+  const std::vector<index_t> ids = model_ids(T, cfg.vocab_size, idt);
   p->in.emplace("ids", io::StoredTensor{io::DType::i32, idt});
   om::ForwardOptions fo;
   fo.trace = true;

@@ -6,6 +6,17 @@
 
 namespace oasis::verify::kernels {
 
+std::vector<const Gemm*> runnable_variants() {
+  std::vector<const Gemm*> v = {&gemm_generic()};
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) v.push_back(&gemm_avx2());
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f"))
+    v.push_back(&gemm_avx512());
+#endif
+  return v;
+}
+
 const Gemm& oracle_gemm() {
   static const Gemm* chosen = [] {
     const char* env = std::getenv("OASIS_ORACLE_ISA");

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace oasis::verify::kernels {
 
@@ -34,6 +35,9 @@ const Gemm& gemm_generic();
 const Gemm& gemm_avx2();
 const Gemm& gemm_avx512();
 #endif
+
+/// Every variant this CPU runs, narrowest first.
+std::vector<const Gemm*> runnable_variants();
 
 /// The widest variant this CPU runs (OASIS_ORACLE_ISA=generic|avx2 forces a narrower one).
 const Gemm& oracle_gemm();

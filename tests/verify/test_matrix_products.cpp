@@ -111,12 +111,7 @@ TEST(MatrixProducts, DoubleWithinTheBoundInEveryForm) {
 }
 
 TEST(MatrixProducts, EveryVariantsFloatKernelIsAMatrixProduct) {
-  std::vector<const k::Gemm*> variants = {&k::gemm_generic()};
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(&k::gemm_avx2());
-  if (__builtin_cpu_supports("avx512f")) variants.push_back(&k::gemm_avx512());
-#endif
+  const std::vector<const k::Gemm*> variants = k::runnable_variants();
   for (const Size s : {Size{1, 32, 1}, Size{13, 3 * k::kColumnQuantum, 300}, Size{70, k::kColumnQuantum, 513}}) {
     const Case<float> c(s, 300 + s.M);
     std::vector<float> fused;  // the FMA variants sum in the same order: equal bit for bit

@@ -13,12 +13,7 @@
 namespace k = oasis::verify::kernels;
 
 TEST(OracleKernels, EveryVariantIsAMatrixProduct) {
-  std::vector<const k::Gemm*> variants = {&k::gemm_generic()};
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(&k::gemm_avx2());
-  if (__builtin_cpu_supports("avx512f")) variants.push_back(&k::gemm_avx512());
-#endif
+  const std::vector<const k::Gemm*> variants = k::runnable_variants();
   auto rng = oasis::test::make_rng(31);
   for (const k::idx M : {1, 5, 13}) {
     const k::idx K = 300, N = 2 * k::kColumnQuantum, lda = K + 3, ldb = N + k::kColumnQuantum, ldc = N + 5;

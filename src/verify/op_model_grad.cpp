@@ -170,6 +170,14 @@ void check_model_gradients(const om::Model<double>& md, const std::function<cons
   std::vector<StepVerdict> verdicts;
   check_router_backward_steps(md, N, outputs, opt, rep, step_of, verdicts);
   check_sublayer_backward_steps(md, mp, B, Tn, outputs, opt, rep, step_of, verdicts);
+  if (verdicts.empty()) {
+    const bool forward = std::any_of(outputs.begin(), outputs.end(), [](const auto& kv) {
+      return !is_model_gradient_name(kv.first) && kv.first != "ids" && kv.first != "grad_logits";  // inputs in one file
+    });
+    rep.notes.push_back(std::string(forward ? "" : "a backward trace without its forward trace: ") +
+                        "no local backward step was checked (a router's needs its .sources, .g_old, .psi and .grad_routed, "
+                        "a sublayer's its .input and .grad_output): the gradients were judged end to end only");
+  }
   note_first_wrong_step(std::move(verdicts), rep);
   rep.notes.push_back("gradients (" + how + "): end-to-end parity per row against the oracle's backward from grad_logits, "
                       "replayed in the tensor's precision six times (rounding to nearest, upward, downward; grad_logits "

@@ -460,6 +460,22 @@ TEST(ModelGradCompare, BadInputIsNamed) {
 
 }  // namespace
 
+TEST(ModelGradCompare, BackwardTraceWithoutForwardTraceSaysWhatWasChecked) {
+  const GradCase s = make_case("kimi_full_oasis_final", base_seed());
+  const om::ModelGrads<float> g = om::model_backward(s.m, s.li.ids, s.mc.B, s.mc.T, s.li.R.cast<float>());
+  auto noted = [](const verify::CompareReport& r, const std::string& what) {
+    for (const auto& n : r.notes)
+      if (n.find(what) != std::string::npos) return true;
+    return false;
+  };
+  const verify::CompareReport grads_only = run(s, gradient_outputs(g, io::DType::f32));
+  EXPECT_TRUE(grads_only.passed) << verify::format_report(grads_only);
+  EXPECT_TRUE(noted(grads_only, "a backward trace without its forward trace: no local backward step was checked"))
+      << verify::format_report(grads_only);
+  const verify::CompareReport every_step = run(s, step_tensors(s, g));
+  EXPECT_FALSE(noted(every_step, "no local backward step was checked")) << verify::format_report(every_step);
+}
+
 // ---- The fast oracle of model gradients (docs/verify-model.md, "Model gradients: the fast oracle")
 
 verify::CompareReport run_with(const GradCase& s, const io::TensorMap& out, verify::Oracle oracle,

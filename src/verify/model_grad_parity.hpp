@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -143,6 +144,24 @@ TensorReport parity_rows(const std::string& name, const io::StoredTensor& got, c
   }
   r.passed = r.violations == 0 && r.undecided == 0;
   return r;
+}
+
+/// The fast oracle's rows of one check (the end-to-end rows, or one sublayer step's): each tensor
+/// `names` against the double reference ref(name) within double_row_error of the replays' row
+/// errors dev; appended to `rows`. Returns whether mp50 could change a verdict: an undecided row in
+/// a tensor with no failing row (failing fast, docs/policies.md).
+template <class Ref>
+bool fast_parity_rows(const std::vector<std::string>& names, const io::TensorMap& outputs,
+                      const std::map<std::string, std::vector<double>>& dev, Ref&& ref, index_t N, int show,
+                      std::vector<TensorReport>& rows) {
+  bool need_mp50 = false;
+  for (const std::string& n : names) {
+    const auto& h = ref(n);
+    const std::vector<double> E = double_row_error(dev.at(n), h);
+    rows.push_back(parity_rows(n, outputs.at(n), dev.at(n), h, N, show, &E));
+    need_mp50 = need_mp50 || (rows.back().undecided > 0 && rows.back().violations == 0);
+  }
+  return need_mp50;
 }
 
 /// Sets the rounding mode for its lifetime (restored on exit, exceptions included).

@@ -185,12 +185,8 @@ void check_sublayer_backward_steps(const om::Model<double>& md, const std::funct
       const std::map<std::string, Tensor<double>> ref = sublayer_grads(md, S, B, Tn, h, dy, dp);
       if (!m32) m32 = std::make_unique<om::Model<float>>(md.cast<float>());
       const auto dev = sublayer_row_errors(*m32, S, B, Tn, h.cast<float>(), dy.cast<float>(), dp.cast<float>(), ref);
-      bool need_mp50 = false;
-      for (const std::string& n : judged) {
-        const std::vector<double> E = double_row_error(dev.at(n), ref.at(n));
-        rows.push_back(parity_rows(n, outputs.at(n), dev.at(n), ref.at(n), N, opt.show, &E));
-        need_mp50 = need_mp50 || (rows.back().undecided > 0 && rows.back().violations == 0);
-      }
+      const bool need_mp50 = fast_parity_rows(
+          judged, outputs, dev, [&](const std::string& n) -> const Tensor<double>& { return ref.at(n); }, N, opt.show, rows);
       oracle = "fast: double, its row error estimated from the float replays";
       const auto [work, bytes] = step_cost(cfg, S, B, Tn);
       if (need_mp50 && mp50_fits(rep, work, bytes, opt, "sublayer " + S.name + "'s backward step")) {

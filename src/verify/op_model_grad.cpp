@@ -139,13 +139,9 @@ void check_model_gradients(const om::Model<double>& md, const std::function<cons
   if (fast) {
     progress_stage("gradients: float replays");
     const auto dev = replay_row_errors(md.cast<float>(), ids, B, Tn, dl.cast<float>(), names, xd);
-    bool need_mp50 = false;
-    for (const std::string& n : names) {
-      const Tensor<double>& h = *find_gradient(xd, n);
-      const std::vector<double> E = double_row_error(dev.at(n), h);
-      rows.push_back(parity_rows(n, outputs.at(n), dev.at(n), h, N, opt.show, &E));
-      need_mp50 = need_mp50 || (rows.back().undecided > 0 && rows.back().violations == 0);
-    }
+    const bool need_mp50 = fast_parity_rows(
+        names, outputs, dev, [&](const std::string& n) -> const Tensor<double>& { return *find_gradient(xd, n); }, N,
+        opt.show, rows);
     how = "fast: the double backward, its row error estimated from the float replays";
     if (need_mp50 && mp50_fits(rep, backward_work(cfg, N), backward_bytes(cfg, N, xd), opt, "the model backward"))
       rows.clear();

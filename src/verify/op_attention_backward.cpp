@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "attention_backward_oracle.hpp"
 #include "lse_convention.hpp"
 #include "op_layouts.hpp"
 #include "ops.hpp"
@@ -59,6 +60,36 @@ CompareReport run(const OpCall& c) {
     }
   sf.out_min = n16;
   const bool stored = sf.out || sf.lse || sf.out_u > 0;  // else the stored forward adds nothing
+  auto bound_map = [](const bounds::AttentionBackwardBounds& b) {
+    return BoundMap{{"grad_q", b.q}, {"grad_k", b.k}, {"grad_v", b.v}, {"grad_null_logits", b.null_logits},
+                    {"grad_bias", b.bias}};
+  };
+  // the probabilistic bound of f64 gradients: none (the worst-case line decides them)
+  auto nan_bounds = [&] {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    auto filled = [nan](const Shape& sh) {
+      Tensor<double> t(sh);
+      for (index_t i = 0; i < t.size(); ++i) t[i] = nan;
+      return t;
+    };
+    return BoundMap{{"grad_q", filled(q.values.shape())}, {"grad_k", filled(k.values.shape())},
+                    {"grad_v", filled(v.values.shape())},
+                    {"grad_null_logits", a.normalizer == RowNorm::softmax1 ? filled({q.values.dim(a.layout == AttentionLayout::bthd ? 2 : 1)}) : Tensor<double>()},
+                    {"grad_bias", a.bias.empty() ? Tensor<double>() : filled(a.bias.shape())}};
+  };
+  // the blocked oracle covers calls without a bias, on inputs exact in float
+  // (its float bounds read them as the plain ones read their float copies)
+  auto blocked_applies = [&] {
+    if (!fast_backward_applies(a)) return false;
+    for (const StoredTensor* x : {&q, &k, &v, &dout, dlse, dpn})
+      if (x && x->dtype == DType::f64) return false;
+    return true;
+  };
+  auto any_f64_output = [&] {
+    for (const auto& [name, t] : out)
+      if (t.dtype == DType::f64) return true;
+    return false;
+  };
   // The policy's bounds: the reference backward's bound in float (f16/bf16/f32 outputs) or double
   // (f64), with the coefficients taken from the forward `fwd` (mp50, or the fast oracle's double),
   // and the stored forward's error added unscaled.
@@ -67,12 +98,9 @@ CompareReport run(const OpCall& c) {
   // decides without recomputing the whole op in mp50 (at u = 2^-53 its own error is of the order
   // of the probabilistic line).
   auto plain_bounds = [&](const auto& fwd, bool prob) {
-    auto map = [](const bounds::AttentionBackwardBounds& b) {
-      return BoundMap{{"grad_q", b.q}, {"grad_k", b.k}, {"grad_v", b.v}, {"grad_null_logits", b.null_logits},
-                      {"grad_bias", b.bias}};
-    };
+    const auto& map = bound_map;
     return PlainBounds(
-        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob, n16](bool wide) {
+        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob, n16, &nan_bounds](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
             return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda,
@@ -80,16 +108,7 @@ CompareReport run(const OpCall& c) {
                             : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
           if (!wide || !prob) return wide ? run(double{}) : run(float{});
-          const double nan = std::numeric_limits<double>::quiet_NaN();
-          auto filled = [nan](const Shape& sh) {
-            Tensor<double> t(sh);
-            for (index_t i = 0; i < t.size(); ++i) t[i] = nan;
-            return t;
-          };
-          return BoundMap{{"grad_q", filled(q.values.shape())}, {"grad_k", filled(k.values.shape())},
-                          {"grad_v", filled(v.values.shape())},
-                          {"grad_null_logits", a.normalizer == RowNorm::softmax1 ? filled({q.values.dim(a.layout == AttentionLayout::bthd ? 2 : 1)}) : Tensor<double>()},
-                          {"grad_bias", a.bias.empty() ? Tensor<double>() : filled(a.bias.shape())}};
+          return nan_bounds();
         },
         stored ? PlainBounds::Fn([&q, &k, &v, &cot, &a, &fwd, &sf, map](bool wide) {
           auto run = [&](auto tag) {
@@ -101,17 +120,23 @@ CompareReport run(const OpCall& c) {
                : PlainBounds::Fn());
   };
   // a stored forward beyond the forward's certain line is not the forward of these inputs
-  auto check_stored = [&](const auto& fwd) {
-    if (!sout && !slse) return;
-    auto run = [&](auto tag) {
-      using T = decltype(tag);
-      return bounds::attention_bounds(as<T>(q), as<T>(k), as<T>(v), a, fwd);
+  auto plain_fwd_bounds = [&q, &k, &v, &a](const auto& fwd) {
+    return [&q, &k, &v, &a, &fwd](bool wide) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);
+        return bounds::attention_bounds(as<T>(q), as<T>(k), as<T>(v), a, fwd);
+      };
+      return wide ? run(double{}) : run(float{});
     };
+  };
+  // (`fb(wide)`: attention_bounds' out and lse in double for an f64 stored tensor, else in float)
+  auto check_stored = [&](const auto& fwd, const auto& fb) {
+    if (!sout && !slse) return;
     for (const StoredTensor* x : {sout, slse}) {
       if (!x) continue;
       const bool is_out = x == sout;
-      const bounds::AttentionBounds fb = x->dtype == DType::f64 ? run(double{}) : run(float{});
-      const Tensor<double>& B = is_out ? fb.out : fb.lse;
+      const bounds::AttentionBounds& fb_x = fb(x->dtype == DType::f64);
+      const Tensor<double>& B = is_out ? fb_x.out : fb_x.lse;
       const double sc = x->dtype == DType::f64 ? 1.0 : unit_roundoff(x->dtype) / unit_roundoff(DType::f32);
       const auto& ex = is_out ? fwd.out : fwd.lse;
       const Tensor<double>& got = is_out ? x->values : lse1;
@@ -139,22 +164,48 @@ CompareReport run(const OpCall& c) {
     // double evaluation is ~1e-16 relative). An element either line leaves undecided sends the
     // whole op to mp50 (the gradients of k, v and the null logits are sums over every row), unless
     // every tensor holding one is already FAIL-certain or the recomputation is past the budget
-    // (docs/policies.md, "Failing fast").
+    // (docs/policies.md, "Failing fast"). The blocked oracle (attention_backward_oracle.hpp)
+    // computes the same values and bounds as matrix products; the plain functions serve the rest.
     constexpr double kRho = 1e-6;
     const Tensor<double> qd = as<double>(q), kd = as<double>(k), vd = as<double>(v);
     const AttentionCotangents<double> dd = cot(double{});
-    const AttentionResult<double> fwd = token_attention(qd, kd, vd, a);
-    check_stored(fwd);
-    const AttentionGrads<double> ref = token_attention_backward(qd, kd, vd, dd, ab);
-    const bounds::AttentionBackwardBounds own = bounds::attention_backward_bounds(qd, kd, vd, dd, a, fwd);
-    PlainBounds pb = plain_bounds(fwd, false), pp = plain_bounds(fwd, true);
-    const index_t undecided = compare_outputs(rep, out,
-                                              {{"grad_q", {&ref.q, &own.q, 1.01}},
-                                               {"grad_k", {&ref.k, &own.k, 1.01}},
-                                               {"grad_v", {&ref.v, &own.v, 1.01}},
-                                               {"grad_null_logits", {&ref.null_logits, &own.null_logits, 1.01}},
-                                               {"grad_bias", {&ref.bias, &own.bias, 1.01}}},
-                                              pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+    index_t undecided = 0;
+    if (blocked_applies()) {
+      // the blocked oracle (attention_backward_oracle.hpp): the same reference and bounds, as products
+      BackwardOracleRequest rq;
+      rq.wc_double = any_f64_output();
+      rq.prob = c.compare.policy != Policy::worst_case;
+      rq.lambda = kLambda;
+      rq.u16 = sf.out_u;
+      rq.n16 = n16;
+      if (stored) rq.stored = &sf;
+      const BackwardOracle bo = fast_attention_backward(qd, kd, vd, dd, a, rq);
+      check_stored(bo.fwd, [&](bool wide) -> const bounds::AttentionBounds& { return wide ? bo.fwd_double : bo.fwd_float; });
+      const PlainBounds::Fn fixed =
+          stored ? PlainBounds::Fn([&](bool wide) { return bound_map(wide ? bo.fixed_double : bo.fixed_float); })
+                 : PlainBounds::Fn();
+      PlainBounds pb([&](bool wide) { return bound_map(wide ? bo.wc_double : bo.wc_float); }, fixed),
+          pp([&](bool wide) { return wide ? nan_bounds() : bound_map(bo.prob); }, fixed);
+      undecided = compare_outputs(rep, out,
+                                  {{"grad_q", {&bo.ref.q, &bo.own.q, 1.01}},
+                                   {"grad_k", {&bo.ref.k, &bo.own.k, 1.01}},
+                                   {"grad_v", {&bo.ref.v, &bo.own.v, 1.01}},
+                                   {"grad_null_logits", {&bo.ref.null_logits, &bo.own.null_logits, 1.01}}},
+                                  pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+    } else {
+      const AttentionResult<double> fwd = token_attention(qd, kd, vd, a);
+      check_stored(fwd, plain_fwd_bounds(fwd));
+      const AttentionGrads<double> ref = token_attention_backward(qd, kd, vd, dd, ab);
+      const bounds::AttentionBackwardBounds own = bounds::attention_backward_bounds(qd, kd, vd, dd, a, fwd);
+      PlainBounds pb = plain_bounds(fwd, false), pp = plain_bounds(fwd, true);
+      undecided = compare_outputs(rep, out,
+                                  {{"grad_q", {&ref.q, &own.q, 1.01}},
+                                   {"grad_k", {&ref.k, &own.k, 1.01}},
+                                   {"grad_v", {&ref.v, &own.v, 1.01}},
+                                   {"grad_null_logits", {&ref.null_logits, &own.null_logits, 1.01}},
+                                   {"grad_bias", {&ref.bias, &own.bias, 1.01}}},
+                                  pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+    }
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";
       return rep;
@@ -189,7 +240,7 @@ CompareReport run(const OpCall& c) {
   }
   const Tensor<mp50> qm = as<mp50>(q), km = as<mp50>(k), vm = as<mp50>(v);
   const AttentionResult<mp50> fwd = token_attention(qm, km, vm, a);
-  if (fallback.empty()) check_stored(fwd);
+  if (fallback.empty()) check_stored(fwd, plain_fwd_bounds(fwd));
   if (convert) lse_cotangents(lc, fwd, a.normalizer, dlse->values, dpn ? &dpn->values : nullptr, dlse1, dpn1);
   const AttentionGrads<mp50> ref = token_attention_backward(qm, km, vm, cot(mp50{}), ab);
   PlainBounds bounds = plain_bounds(fwd, false), prob = plain_bounds(fwd, true);

@@ -1,0 +1,397 @@
+// src/verify/attention_backward_oracle.cpp — the blocked double oracle of attention_backward
+// (attention_backward_oracle.hpp; the bounds' derivation: docs/tolerances.md, "Backward").
+#include <exception>
+#include <limits>
+
+#include "attention_backward_oracle_impl.hpp"
+#include "oasis/grad/backward_prob_bounds.hpp"
+
+namespace oasis::verify::detail {
+namespace backward_oracle {
+
+void Oracle::pack(index_t b, index_t hk, Work& w) const {
+  const index_t Tk = c.s.Tk, dh = c.s.d_h, dv = c.s.d_v, tkp = round_up(Tk, kColumnQuantum) + kColumnQuantum;
+  w.kt.assign(at(dh * tkp), 0.0);
+  w.kta.assign(w.kt.size(), 0.0);
+  w.vt.assign(at(dv * tkp), 0.0);
+  w.vta.assign(w.vt.size(), 0.0);
+  w.kx.assign(at(Tk * c.dhp), 0.0);
+  w.ka.assign(w.kx.size(), 0.0);
+  w.k2.assign(w.kx.size(), 0.0);
+  w.kpre.assign(at((Tk + 1) * dh), 0.0);
+  for (index_t j = 0; j < Tk; ++j) {
+    const double* kj = Call::row(c.k, c.bthd, b, hk, j);
+    const double* vj = Call::row(c.v, c.bthd, b, hk, j);
+    for (index_t x = 0; x < dh; ++x) {
+      w.kt[at(x * tkp + j)] = kj[x];
+      w.kta[at(x * tkp + j)] = std::abs(kj[x]);
+      w.kx[at(j * c.dhp + x)] = kj[x];
+      w.ka[at(j * c.dhp + x)] = std::abs(kj[x]);
+      w.k2[at(j * c.dhp + x)] = kj[x] * kj[x];
+      w.kpre[at((j + 1) * dh + x)] = w.kpre[at(j * dh + x)] + std::abs(kj[x]);
+    }
+    for (index_t x = 0; x < dv; ++x) {
+      w.vt[at(x * tkp + j)] = vj[x];
+      w.vta[at(x * tkp + j)] = std::abs(vj[x]);
+    }
+  }
+  if (!req.stored) return;
+  w.vx.assign(at(Tk * c.dvp), 0.0);
+  w.va.assign(w.vx.size(), 0.0);
+  w.vpre.assign(at((Tk + 1) * dv), 0.0);
+  for (index_t j = 0; j < Tk; ++j) {
+    const double* vj = Call::row(c.v, c.bthd, b, hk, j);
+    for (index_t x = 0; x < dv; ++x) {
+      w.vx[at(j * c.dvp + x)] = vj[x];
+      w.va[at(j * c.dvp + x)] = std::abs(vj[x]);
+      w.vpre[at((j + 1) * dv + x)] = w.vpre[at(j * dv + x)] + std::abs(vj[x]);
+    }
+  }
+}
+
+void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work& w, KeySums& ks) {
+  const kernels::Gemm& g = kernels::oracle_gemm();
+  const index_t Tk = c.s.Tk, dh = c.s.d_h, dv = c.s.d_v, dhp = c.dhp, dvp = c.dvp;
+  const index_t tkp = round_up(Tk, kColumnQuantum) + kColumnQuantum;
+  const double sl = c.null_logit(h), scale = c.scale;
+  const double u16r = req.u16 / bounds::Precision::flushing<float>().u, r16 = u16r * u16r;
+  std::vector<RowInfo> ri(at(n));
+  index_t lo = Tk, hi = 0;
+  for (index_t r = 0; r < n; ++r) {
+    ri[at(r)].kr = visible_range(c.s, c.opt, b, t0 + r);
+    if (ri[at(r)].kr.count() > 0) lo = std::min(lo, ri[at(r)].kr.begin), hi = std::max(hi, ri[at(r)].kr.end);
+  }
+  if (hi <= lo) lo = hi = 0;
+  const index_t L = hi - lo, Lp = round_up(std::max<index_t>(L, 1), kColumnQuantum);
+  // the tile's rows: q, |q|, q^2 and dO, |dO|, dO^2
+  w.qb.assign(at(n * dh), 0.0), w.qa.assign(w.qb.size(), 0.0);
+  w.ob.assign(at(n * dv), 0.0), w.oa.assign(w.ob.size(), 0.0);
+  w.qB.assign(at(n * dhp), 0.0), w.qaB.assign(w.qB.size(), 0.0), w.q2B.assign(w.qB.size(), 0.0);
+  w.oB.assign(at(n * dvp), 0.0), w.oaB.assign(w.oB.size(), 0.0), w.o2B.assign(w.oB.size(), 0.0);
+  for (index_t r = 0; r < n; ++r) {
+    const double* qr = Call::row(c.q, c.bthd, b, h, t0 + r);
+    const double* orow = Call::row(c.d.out, c.bthd, b, h, t0 + r);
+    for (index_t x = 0; x < dh; ++x) {
+      w.qb[at(r * dh + x)] = w.qB[at(r * dhp + x)] = qr[x];
+      w.qa[at(r * dh + x)] = w.qaB[at(r * dhp + x)] = std::abs(qr[x]);
+      w.q2B[at(r * dhp + x)] = qr[x] * qr[x];
+      ks.absq[at(x)] += std::abs(qr[x]);
+    }
+    for (index_t x = 0; x < dv; ++x) {
+      w.ob[at(r * dv + x)] = w.oB[at(r * dvp + x)] = orow[x];
+      w.oa[at(r * dv + x)] = w.oaB[at(r * dvp + x)] = std::abs(orow[x]);
+      w.o2B[at(r * dvp + x)] = orow[x] * orow[x];
+      ks.abso[at(x)] += std::abs(orow[x]);
+    }
+  }
+  const std::size_t nL = at(n * Lp);
+  for (Vec* m : {&w.S, &w.AQ, &w.dP, &w.AX}) m->resize(nL);
+  // the weights, row-major: LK = [dz; p] (times K), LA = [Z1; |dz|; a (; p stored)] (|K|), L2 = own2
+  // (K^2), LX = [p1; Xk; Xv (; Zs0; Zs1; eps p stored)] (transposed only); each row is zero outside
+  // its keys
+  const index_t la = req.stored ? 4 : 3, lx = req.stored ? 6 : 3;
+  w.LK.resize(2 * nL), w.LA.resize(at(la) * nL), w.L2.resize(nL), w.LX.resize(at(lx) * nL);
+  if (L > 0) {
+    g.gemm(w.qb.data(), dh, w.kt.data() + lo, tkp, w.S.data(), Lp, n, Lp, dh, false);
+    g.gemm(w.qa.data(), dh, w.kta.data() + lo, tkp, w.AQ.data(), Lp, n, Lp, dh, false);
+    g.gemm(w.ob.data(), dv, w.vt.data() + lo, tkp, w.dP.data(), Lp, n, Lp, dv, false);
+    g.gemm(w.oa.data(), dv, w.vta.data() + lo, tkp, w.AX.data(), Lp, n, Lp, dv, false);
+  }
+  const std::size_t ns = specs.size();
+  for (index_t r = 0; r < n; ++r) {
+    const index_t t = t0 + r;
+    RowInfo& info = ri[at(r)];
+    const index_t m = info.kr.count(), off = info.kr.begin - lo;
+    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2, &w.Rdp}) x->assign(at(m), 0.0);
+    const double *S = w.S.data() + r * Lp + off, *AQ = w.AQ.data() + r * Lp + off;
+    const double *dP = w.dP.data() + r * Lp + off, *AX = w.AX.data() + r * Lp + off;
+    for (index_t j = 0; j < m; ++j) {
+      w.z[at(j)] = scale * S[j];
+      w.x[at(j)] = dP[j];
+    }
+    // the reference row: the forward's normaliser and its backward, as token_attention_backward
+    const RowStats<double> st = normalize_row(c.opt.normalizer, w.z.data(), m, sl, w.p.data(), c.opt.norm_params,
+                                              c.opt.masked_row, "scores");
+    const double pn = st.p_null, lse = st.lse, dpn = c.dpn(b, h, t), dl = c.dlse(b, h, t);
+    info.pn = pn, info.lse = lse, info.dpn = dpn, info.dl = dl;
+    res.fwd.lse(b, h, t) = lse;
+    res.fwd.p_null(b, h, t) = pn;
+    const double ds = normalize_row_backward(c.opt.normalizer, w.p.data(), pn, m, w.x.data(), dpn, dl, w.dz.data());
+    const std::size_t bh = at(b * c.s.H + h);
+    if (c.has_null) gnull[bh] += ds;
+    // the forward's probability bounds at u = 1 (attention_bounds: P_j = u p1_j + 2 denorm_min)
+    for (index_t j = 0; j < m; ++j) w.zc[at(j)] = scale * static_cast<double>(dh + 2) * AQ[j] + std::abs(w.z[at(j)]);
+    const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, w.z.data(), w.zc.data(),
+                                                  m, sl, std::abs(sl), w.p.data(), pn, lse);
+    const double Pn1 = c.has_null ? b1.p_null : 0.0;
+    if (req.stored) {
+      res.fwd_float.lse(b, h, t) = bounds::Precision::of<float>().u * b1.lse;
+      res.fwd_double.lse(b, h, t) = bounds::Precision::of<double>().u * b1.lse;
+    }
+    double Dt = pn * dpn, absD = pn * std::abs(dpn), sp1x = 0, spax = 0, sabsx = 0, sp1 = 0;
+    for (index_t j = 0; j < m; ++j) {
+      const double p = w.p[at(j)], x = w.x[at(j)];
+      Dt += p * x;
+      absD += p * std::abs(x);
+      sp1x += b1.p[at(j)] * std::abs(x);
+      spax += p * AX[j];
+      sabsx += std::abs(x);
+      sp1 += b1.p[at(j)];
+    }
+    info.Dt = Dt, info.absD = absD;
+    // ED = u ED1 + 2 denorm_min EDf (attention_backward_bounds' ED, its floors apart)
+    const double ED1 = Pn1 * std::abs(dpn) + sp1x + static_cast<double>(dv) * spax + static_cast<double>(m + 1) * absD +
+                       (sp1 + static_cast<double>(m + 1) * std::max(0.0, 1.0 - pn)) * std::abs(dpn);
+    info.EDf = (c.has_null ? std::abs(dpn) : 0.0) + sabsx + static_cast<double>(m) * std::abs(dpn);
+    for (std::size_t x = 0; x < ns; ++x) {  // the null logit's worst-case terms
+      if (!c.has_null) break;
+      const Spec& sp = specs[x];
+      const double wn = dpn - Dt + dl, Pn = sp.u * Pn1 + sp.pfo, ED = sp.u * ED1 + sp.pfo * info.EDf;
+      null_S[bh * ns + x] += Pn * std::abs(wn) + pn * (ED + sp.u * std::abs(dpn - Dt) + 2.0 * sp.u * std::abs(wn)) +
+                             sp.fz * (std::abs(wn) + 3.0);
+    }
+    if (c.has_null) null_A[bh] += std::abs(pn * (dpn - Dt + dl)), null_n[bh] += 1;
+    // the probabilistic row model (prob_attention_backward_bounds)
+    info.prob = req.prob && std::isfinite(lse);
+    double RD2 = 0;
+    const bool null_grad = c.has_null;  // finite null logits only (fast_backward_applies)
+    const double kap2n = null_grad ? sl * sl + sq(sl - lse) + 5.0 : 0.0;
+    if (info.prob) {
+      double maxQ = 0, maxz = 0;
+      for (index_t j = 0; j < m; ++j) {
+        w.zeta2[at(j)] = bounds::score_zeta2(dh, scale, AQ[j], w.z[at(j)], 0.0, w.z[at(j)]);
+        maxQ = std::max(maxQ, AQ[j]);
+        maxz = std::max(maxz, std::abs(w.z[at(j)]));
+      }
+      const bounds::ProbRow pr = bounds::prob_row(c.opt.normalizer, w.z.data(), w.zeta2.data(), m, sl, sl * sl,
+                                                  scale * maxQ + maxz, w.p.data(), pn, lse, false);
+      info.RL = std::sqrt(sq(pr.lse) + sq(lse)) + 2.0 * pr.sigma;
+      RD2 = sq(pn * dpn) * kap2n;
+      for (index_t j = 0; j < m; ++j) {
+        const double p = w.p[at(j)], x = w.x[at(j)];
+        w.Rdp[at(j)] = std::sqrt(static_cast<double>(dv + 1)) * AX[j];
+        w.kap2[at(j)] = w.zeta2[at(j)] + sq(w.z[at(j)] - lse) + 5.0;
+        RD2 += sq(p * (std::abs(x) + std::abs(dpn))) * w.kap2[at(j)] + sq(p * w.Rdp[at(j)]) +
+               sq(p * (std::abs(x) + std::abs(dpn)));
+      }
+      RD2 += static_cast<double>(m + 1) * sq(absD + std::max(0.0, 1.0 - pn) * std::abs(dpn));
+      info.RD2 = RD2;
+      if (null_grad) {
+        const double wn = dpn - Dt + dl, dsn = pn * wn;
+        null_R2[bh] += 2.0 * sq(pn * wn) * kap2n + 2.0 * sq(pn) * RD2 + sq(pn * (std::abs(wn - Dt) + std::abs(dpn)) * info.RL) +
+                       sq(pn * (dpn - Dt)) + 2.0 * sq(dsn);
+      }
+    }
+    // the per-(row, key) weights of the products (dq side: against K, |K|, K^2; their transposes
+    // against q, |q|, q^2 and dO, |dO|, dO^2 on the dk and dv sides)
+    double* rdz = w.LK.data() + r * Lp;
+    double* rp = w.LK.data() + nL + r * Lp;
+    double* rZ1 = w.LA.data() + r * Lp;
+    double* radz = w.LA.data() + nL + r * Lp;
+    double* ra = w.LA.data() + 2 * nL + r * Lp;
+    double* rown = w.L2.data() + r * Lp;
+    double* rp1 = w.LX.data() + r * Lp;
+    double* rXk = w.LX.data() + nL + r * Lp;
+    double* rXv = w.LX.data() + 2 * nL + r * Lp;
+    for (double* base : {rdz, rp, rZ1, radz, ra, rown, rp1, rXk, rXv}) {
+      std::fill(base, base + off, 0.0);
+      std::fill(base + off + m, base + Lp, 0.0);
+    }
+    if (req.stored) {
+      std::fill_n(w.LA.data() + 3 * nL + r * Lp, Lp, 0.0);
+      for (index_t y = 3; y < 6; ++y) std::fill_n(w.LX.data() + at(y) * nL + r * Lp, Lp, 0.0);
+    }
+    for (index_t j = 0; j < m; ++j) {
+      const double p = w.p[at(j)], x = w.x[at(j)], dz = w.dz[at(j)], wj = x - Dt + dl, p1 = b1.p[at(j)];
+      const double Z1 = p1 * std::abs(wj) + p * (static_cast<double>(dv) * AX[j] + ED1 + std::abs(x - Dt) + 2.0 * std::abs(wj) +
+                                                 std::abs(dpn));
+      info.maxW = std::max(info.maxW, std::abs(wj));
+      info.maxp = std::max(info.maxp, p);
+      ks.maxPE = std::max(ks.maxPE, p * info.EDf);
+      const index_t col = off + j;
+      rdz[col] = dz, rp[col] = p, rZ1[col] = Z1, radz[col] = std::abs(dz), rp1[col] = p1;
+      if (req.stored) w.LA[at(3) * nL + at(r * Lp + col)] = p;
+      double a = 0, own2 = 0, Xk = 0, Xv = 0;
+      if (info.prob) {
+        a = p * (std::abs(wj - Dt) + std::abs(dpn));
+        own2 = sq(wj * p) * w.kap2[at(j)] + sq(p * w.Rdp[at(j)]) + sq(p * (x - Dt)) + sq(p * wj) + sq(dz) +
+               r16 * sq(std::max(std::abs(dz), req.n16)) + sq(p * (std::abs(x) + std::abs(dpn)));
+        Xk = 2.0 * own2 + 2.0 * sq(p) * RD2 + sq(a * info.RL);
+        Xv = sq(p) * (w.kap2[at(j)] + sq(info.RL) + 1.0) + r16 * sq(std::max(p, req.n16));
+      }
+      ra[col] = a, rown[col] = own2, rXk[col] = Xk, rXv[col] = Xv;
+    }
+    ks.maxW = std::max(ks.maxW, info.maxW);
+    for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1;
+  }
+  w.CK.resize(at(2 * n * dhp)), w.CA.resize(at(la * n * dhp)), w.C2.resize(at(n * dhp));
+  if (req.stored) stored_rows(b, h, t0, n, ri, lo, L, Lp, w);
+  if (L > 0) {
+    g.gemm(w.LK.data(), Lp, w.kx.data() + lo * dhp, dhp, w.CK.data(), dhp, 2 * n, dhp, L, false);
+    g.gemm(w.LA.data(), Lp, w.ka.data() + lo * dhp, dhp, w.CA.data(), dhp, la * n, dhp, L, false);
+    g.gemm(w.L2.data(), Lp, w.k2.data() + lo * dhp, dhp, w.C2.data(), dhp, n, dhp, L, false);
+    // the dk and dv sides: sums over the tile's rows, C[lo + j] += W^T B for a weight block W
+    const std::size_t nT = at(L * n);
+    w.T.resize(nT);
+    auto acc = [&](const double* W, const Vec& B, Vec& C, index_t ld) {
+      transpose(W, Lp, n, L, w.T.data());
+      g.gemm(w.T.data(), n, B.data(), ld, C.data() + lo * ld, ld, L, ld, n, true);
+    };
+    acc(w.LK.data(), w.qB, ks.gk, dhp), acc(w.LA.data(), w.qaB, ks.SkZ1, dhp), acc(w.LA.data() + nL, w.qaB, ks.Ak, dhp);
+    acc(w.LK.data() + nL, w.oB, ks.gv, dvp), acc(w.LK.data() + nL, w.oaB, ks.Av, dvp), acc(w.LX.data(), w.oaB, ks.Sv1, dvp);
+    if (req.prob) acc(w.LX.data() + nL, w.q2B, ks.R2k, dhp), acc(w.LX.data() + 2 * nL, w.o2B, ks.R2v, dvp);
+    if (req.stored) {
+      acc(w.LX.data() + 3 * nL, w.qaB, ks.Fk0, dhp), acc(w.LX.data() + 4 * nL, w.qaB, ks.Fk1, dhp);
+      if (req.stored->lse) acc(w.LX.data() + 5 * nL, w.oaB, ks.Fv, dvp);
+    }
+  } else {
+    w.CK.assign(at(2 * n * dhp), 0.0), w.CA.assign(at(la * n * dhp), 0.0), w.C2.assign(at(n * dhp), 0.0);
+  }
+  // dq and its bounds, row by row
+  const bounds::Precision pf = bounds::Precision::flushing<float>();
+  const double Kp = kSecondOrder * req.lambda * pf.u;
+  for (index_t r = 0; r < n; ++r) {
+    const RowInfo& info = ri[at(r)];
+    const index_t m = info.kr.count();
+    const double mm = static_cast<double>(m);
+    double* gq = Call::row(res.ref.q, c.bthd, b, h, t0 + r);
+    const double* pb = w.kpre.data() + info.kr.begin * dh;
+    const double* pe = w.kpre.data() + info.kr.end * dh;
+    for (index_t x = 0; x < dh; ++x) {
+      const double dq = w.CK[at(r * dhp + x)], cD = w.CK[at((n + r) * dhp + x)];
+      const double SZ1 = w.CA[at(r * dhp + x)], A = w.CA[at((n + r) * dhp + x)], cL = w.CA[at((2 * n + r) * dhp + x)];
+      const double absk = m > 0 ? pe[x] - pb[x] : 0.0;
+      gq[x] = scale * dq;
+      for (std::size_t y = 0; y < specs.size(); ++y) {
+        const Spec& sp = specs[y];
+        const double Fq = m > 0 ? ((sp.pfo + sp.fz) * info.maxW + sp.pfo * info.EDf * info.maxp + 2.0 * sp.fz) * absk : 0.0;
+        Call::row(outs[y]->q, c.bthd, b, h, t0 + r)[x] =
+            kSecondOrder * (scale * (sp.u * SZ1 + Fq + (mm + 3.0) * sp.u * A) + (mm + 3.0) * sp.fz) + sp.pfl;
+      }
+      if (req.stored) {  // the stored forward's error: scale sum_j (eps |dz_j| + (1 + eps) p_j dD) |k_jc|
+        const double pk = w.CA[at((3 * n + r) * dhp + x)];
+        for (auto [u, out] : {std::pair{bounds::Precision::of<float>().u, &res.fixed_float},
+                              std::pair{bounds::Precision::of<double>().u, &res.fixed_double}}) {
+          if (out->q.empty()) continue;
+          const double dD = info.dDx + u * static_cast<double>(dv) * info.aD;
+          Call::row(out->q, c.bthd, b, h, t0 + r)[x] = kSecondOrder * scale * (info.eps * A + (1.0 + info.eps) * dD * pk);
+        }
+      }
+      if (info.prob) {
+        const double own = w.C2[at(r * dhp + x)], fl = pf.flush * (info.maxW + 2.0) * absk;
+        const double R2 =
+            sq(scale) * (2.0 * own + 2.0 * sq(cD) * info.RD2 + sq(cL * info.RL) + (mm + 1.0) * sq(A)) + 3.0 * sq(scale * dq);
+        Call::row(res.prob.q, c.bthd, b, h, t0 + r)[x] =
+            Kp * std::sqrt(R2) + kSecondOrder * (scale * fl + (mm + 3.0) * pf.flush) + pf.p_floor;
+      }
+    }
+  }
+}
+
+void Oracle::unit(index_t b, index_t hk, Work& w) {
+  pack(b, hk, w);
+  KeySums ks;
+  const std::size_t kh = at(c.s.Tk * c.dhp), kv = at(c.s.Tk * c.dvp);
+  for (Vec* x : {&ks.gk, &ks.SkZ1, &ks.Ak}) x->assign(kh, 0.0);
+  for (Vec* x : {&ks.gv, &ks.Sv1, &ks.Av}) x->assign(kv, 0.0);
+  if (req.prob) ks.R2k.assign(kh, 0.0), ks.R2v.assign(kv, 0.0);
+  if (req.stored) ks.Fk0.assign(kh, 0.0), ks.Fk1.assign(kh, 0.0), ks.Fv.assign(kv, 0.0);
+  ks.cnt.assign(at(c.s.Tk), 0.0);
+  ks.absq.assign(at(c.s.d_h), 0.0);
+  ks.abso.assign(at(c.s.d_v), 0.0);
+  for (index_t h = hk * c.group; h < (hk + 1) * c.group; ++h)
+    for (index_t t0 = 0; t0 < c.s.Tq; t0 += kRowTile) tile(b, hk, h, t0, std::min(kRowTile, c.s.Tq - t0), w, ks);
+  finish_keys(b, hk, ks);
+}
+
+}  // namespace backward_oracle
+
+using namespace backward_oracle;
+
+bool fast_backward_applies(const AttentionOptions& opt) {
+  if (!opt.bias.empty()) return false;
+  if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) return false;
+  for (double s : opt.null_logits)
+    if (!std::isfinite(s)) return false;
+  return true;
+}
+
+BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
+                                       const AttentionCotangents<double>& d, const AttentionOptions& opt,
+                                       const BackwardOracleRequest& req) {
+  OASIS_REQUIRE(fast_backward_applies(opt), "options", "the blocked backward oracle takes no bias and finite null logits");
+  const Call c(q, k, v, d, opt);
+  check_attention_cotangents(c.s, opt, d);
+  BackwardOracle res;
+  auto shaped = [&](bounds::AttentionBackwardBounds& x) {
+    x.q = Tensor<double>(q.shape()), x.k = Tensor<double>(k.shape()), x.v = Tensor<double>(v.shape());
+    if (c.has_null) x.null_logits = Tensor<double>({c.s.H});
+  };
+  res.ref.q = Tensor<double>(q.shape()), res.ref.k = Tensor<double>(k.shape()), res.ref.v = Tensor<double>(v.shape());
+  if (c.has_null) res.ref.null_logits = Tensor<double>({c.s.H});
+  res.fwd.lse = Tensor<double>({c.s.B, c.s.H, c.s.Tq});
+  res.fwd.p_null = Tensor<double>({c.s.B, c.s.H, c.s.Tq});
+  Oracle o{c, req, {Spec::of<double>(false)}, res, {&res.own}, {}, {}, {}, {}, {}, {}};
+  shaped(res.own);
+  if (req.wc_float) o.specs.push_back(Spec::of<float>(true)), o.outs.push_back(&res.wc_float), shaped(res.wc_float);
+  if (req.wc_double) o.specs.push_back(Spec::of<double>(true)), o.outs.push_back(&res.wc_double), shaped(res.wc_double);
+  if (req.prob) shaped(res.prob);
+  if (req.stored) {
+    shaped(res.fixed_float);
+    if (req.wc_double) shaped(res.fixed_double);
+    for (Tensor<double>* x : {&res.fwd.out, &res.fwd_float.out, &res.fwd_double.out}) *x = Tensor<double>(d.out.shape());
+    for (Tensor<double>* x : {&res.fwd_float.lse, &res.fwd_double.lse}) *x = Tensor<double>({c.s.B, c.s.H, c.s.Tq});
+    if (req.stored->out) OASIS_REQUIRE(req.stored->out->shape() == d.out.shape(), "out", "has shape ",
+                                       shape_str(req.stored->out->shape()), ", expected ", shape_str(d.out.shape()));
+    if (req.stored->lse) OASIS_REQUIRE(req.stored->lse->shape() == Shape({c.s.B, c.s.H, c.s.Tq}), "lse", "has shape ",
+                                       shape_str(req.stored->lse->shape()), ", expected [B, H, Tq]");
+  }
+  const index_t ns = static_cast<index_t>(o.specs.size());
+  o.null_S = Tensor<double>({c.s.B, c.s.H, ns});
+  o.null_fixed = Tensor<double>({c.s.B, c.s.H, 2});
+  for (Tensor<double>* x : {&o.null_A, &o.null_n, &o.null_R2, &o.gnull}) *x = Tensor<double>({c.s.B, c.s.H});
+  std::exception_ptr err;
+#pragma omp parallel
+  {
+    Work w;
+#pragma omp for schedule(dynamic)
+    for (index_t unit = 0; unit < c.s.B * c.s.H_kv; ++unit) {
+      try {
+        o.unit(unit / c.s.H_kv, unit % c.s.H_kv, w);
+      } catch (...) {
+#pragma omp critical(oasis_backward_oracle)
+        if (!err) err = std::current_exception();
+      }
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  // the null logits: per query head, the batch elements' partial sums in order
+  if (c.has_null) {
+    const bounds::Precision pf = bounds::Precision::flushing<float>();
+    for (index_t h = 0; h < c.s.H; ++h) {
+      double A = 0, n = 0, R2 = 0, gsum = 0;
+      std::vector<double> S(at(ns), 0.0);
+      for (index_t b = 0; b < c.s.B; ++b) {
+        A += o.null_A(b, h), n += o.null_n(b, h), R2 += o.null_R2(b, h), gsum += o.gnull(b, h);
+        for (index_t y = 0; y < ns; ++y) S[at(y)] += o.null_S(b, h, y);
+      }
+      res.ref.null_logits[h] = gsum;
+      for (auto [y, out] : {std::pair{0, &res.fixed_float}, std::pair{1, &res.fixed_double}}) {
+        if (out->null_logits.empty()) continue;
+        double f = 0;
+        for (index_t b = 0; b < c.s.B; ++b) f += o.null_fixed(b, h, y);
+        out->null_logits[h] = f;
+      }
+      for (index_t y = 0; y < ns; ++y) {
+        const Spec& sp = o.specs[at(y)];
+        o.outs[at(y)]->null_logits[h] = kSecondOrder * (S[at(y)] + n * sp.u * A) + sp.pfl;
+      }
+      if (req.prob)
+        res.prob.null_logits[h] = kSecondOrder * req.lambda * pf.u * std::sqrt(R2 + (n + 1.0) * sq(A)) +
+                                  kSecondOrder * (n + 1.0) * 3.0 * pf.flush + pf.p_floor;
+    }
+  }
+  return res;
+}
+
+}  // namespace oasis::verify::detail

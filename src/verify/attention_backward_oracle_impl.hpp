@@ -1,0 +1,117 @@
+// src/verify/attention_backward_oracle_impl.hpp — the pieces of the blocked backward oracle
+// (attention_backward_oracle.hpp) shared by its two translation units: attention_backward_oracle.cpp
+// (packing, the tiles of query rows, dq) and attention_backward_oracle_keys.cpp (the stored
+// forward's pieces, dk and dv).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention_backward_oracle.hpp"
+#include "oracle_kernels.hpp"
+
+namespace oasis::verify::detail::backward_oracle {
+
+using kernels::kColumnQuantum;
+using bounds::kSecondOrder;
+using Vec = std::vector<double>;
+
+inline constexpr index_t kRowTile = 64;  // query rows per tile (one head)
+
+inline index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
+inline double sq(double x) { return x * x; }
+inline std::size_t at(index_t i) { return static_cast<std::size_t>(i); }
+
+/// One worst-case precision of attention_backward_bounds<T>(flush): the backward's u, floor and
+/// flush, and the floor of the forward bound it reads (attention_bounds<T>: 2 denorm_min(T)).
+struct Spec {
+  double u, pfo, pfl, fz;
+  template <class T>
+  static Spec of(bool flush) {
+    const bounds::Precision fw = bounds::Precision::of<T>();
+    const bounds::Precision pr = flush ? bounds::Precision::flushing<T>() : fw;
+    return {pr.u, fw.p_floor, pr.p_floor, pr.flush};
+  }
+};
+
+/// The call: inputs in either layout, validated.
+struct Call {
+  const Tensor<double>&q, &k, &v;
+  const AttentionCotangents<double>& d;
+  const AttentionOptions& opt;
+  AttentionShape s;
+  double scale;
+  bool bthd, has_null;
+  index_t group, dhp, dvp;
+  Call(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionCotangents<double>& d_,
+       const AttentionOptions& o)
+      : q(q_), k(k_), v(v_), d(d_), opt(o), s(check_attention_args(q_, k_, v_, o)),
+        scale(score_scale<double>(s, o)), bthd(o.layout == AttentionLayout::bthd),
+        has_null(o.normalizer == RowNorm::softmax1), group(s.H / s.H_kv), dhp(round_up(s.d_h, kColumnQuantum)),
+        dvp(round_up(s.d_v, kColumnQuantum)) {}
+  template <class X>
+  static auto* row(X& x, bool bthd, index_t b, index_t h, index_t t) { return bthd ? x.ptr(b, t, h) : x.ptr(b, h, t); }
+  double null_logit(index_t h) const { return opt.null_logits.empty() ? 0.0 : opt.null_logits[at(h)]; }
+  double dlse(index_t b, index_t h, index_t t) const { return d.lse.empty() ? 0.0 : d.lse(b, h, t); }
+  double dpn(index_t b, index_t h, index_t t) const { return d.p_null.empty() ? 0.0 : d.p_null(b, h, t); }
+};
+
+/// The sums over rows of one (batch, kv head) pair, per key and feature ([Tk x dhp], [Tk x dvp]).
+struct KeySums {
+  Vec gk, SkZ1, Ak, R2k, gv, Sv1, Av, R2v, cnt;
+  Vec Fk0, Fk1, Fv;         ///< the stored forward's sums: its Z^T |q| (u-free, times u) and eps P^T |dO|
+  Vec absq, abso;           ///< sum over every row of |q_c|, |dO_c|
+  double maxW = 0, maxPE = 0;  ///< max |w_tj| and max p_tj EDf_t (the floors' coefficients)
+};
+
+/// Per-row scalars kept until the tile's products are done.
+struct RowInfo {
+  KeyRange kr;
+  double EDf = 0, maxW = 0, maxp = 0, RD2 = 0, RL = 0;
+  double pn = 0, lse = 0, Dt = 0, absD = 0, dpn = 0, dl = 0;
+  double eps = 0, dDx = 0, aD = 0;  ///< stored forward: dD = dDx + u d_v aD (stored_forward_bounds)
+  bool prob = false;  ///< the row enters the probabilistic bound (finite LSE)
+};
+
+/// One thread's buffers.
+struct Work {
+  Vec kt, kta, vt, vta, kx, ka, k2, kpre;                     // packed keys and values
+  Vec qb, qa, qB, qaB, q2B, ob, oa, oB, oaB, o2B;             // the tile's rows
+  Vec S, AQ, dP, AX, CK, CA, C2;                              // row-major [rows x keys] and products
+  Vec LK, LA, L2, LX;  // the products' weights, row-major [rows x keys] blocks (Oracle::tile)
+  Vec T;               // their transposes, [keys x rows] blocks
+  Vec z, zc, p, x, dz, zeta2, kap2, Rdp;
+  Vec vx, va, vpre, CO, CV1, CG1;                             // the stored forward's
+};
+
+/// T[j n + r] = A[r lda + j] for r < n, j < L, in blocks of 8 keys (reads and writes stay in cache).
+inline void transpose(const double* A, index_t lda, index_t n, index_t L, double* T) {
+  constexpr index_t kB = 8;
+  for (index_t j0 = 0; j0 < L; j0 += kB) {
+    const index_t j1 = std::min(L, j0 + kB);
+    for (index_t r = 0; r < n; ++r) {
+      const double* a = A + r * lda;
+      for (index_t j = j0; j < j1; ++j) T[j * n + r] = a[j];
+    }
+  }
+}
+
+struct Oracle {
+  const Call& c;
+  const BackwardOracleRequest& req;
+  std::vector<Spec> specs;  // own, then wc_float, wc_double as asked
+  BackwardOracle& res;
+  std::vector<bounds::AttentionBackwardBounds*> outs;  // per spec
+  Tensor<double> null_S, null_A, null_n, null_R2, gnull;  // [B, H x specs] partials of the null logits
+  Tensor<double> null_fixed;                               // [B, H, 2]: the stored forward's, float and double
+  void stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vector<RowInfo>& ri, index_t lo, index_t L,
+                   index_t Lp, Work& w);
+
+  void pack(index_t b, index_t hk, Work& w) const;
+  void tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work& w, KeySums& ks);
+  void finish_keys(index_t b, index_t hk, const KeySums& ks);
+  void unit(index_t b, index_t hk, Work& w);
+};
+
+}  // namespace oasis::verify::detail::backward_oracle

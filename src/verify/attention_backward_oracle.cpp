@@ -54,6 +54,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
   const index_t Tk = c.s.Tk, dh = c.s.d_h, dv = c.s.d_v, dhp = c.dhp, dvp = c.dvp;
   const index_t tkp = round_up(Tk, kColumnQuantum) + kColumnQuantum;
   const double sl = c.null_logit(h), scale = c.scale;
+  const bool has_bias = !c.opt.bias.empty();
   const double u16r = req.u16 / bounds::Precision::flushing<float>().u, r16 = u16r * u16r;
   std::vector<RowInfo> ri(at(n));
   index_t lo = Tk, hi = 0;
@@ -101,12 +102,14 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
   for (index_t r = 0; r < n; ++r) {
     const index_t t = t0 + r;
     RowInfo& info = ri[at(r)];
-    const index_t m = info.kr.count(), off = info.kr.begin - lo;
-    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2, &w.Rdp}) x->assign(at(m), 0.0);
+    // a row without a key (a window past the padding) may start anywhere: its weights are all zero
+    const index_t m = info.kr.count(), off = m > 0 ? info.kr.begin - lo : 0;
+    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2, &w.Rdp, &w.bias}) x->assign(at(m), 0.0);
     const double *S = w.S.data() + r * Lp + off, *AQ = w.AQ.data() + r * Lp + off;
     const double *dP = w.dP.data() + r * Lp + off, *AX = w.AX.data() + r * Lp + off;
     for (index_t j = 0; j < m; ++j) {
-      w.z[at(j)] = scale * S[j];
+      if (has_bias) w.bias[at(j)] = attention_bias(c.opt, b, h, t, info.kr.begin + j);
+      w.z[at(j)] = scale * S[j] + w.bias[at(j)];  // score_row's z (a -inf bias masks the key)
       w.x[at(j)] = dP[j];
     }
     // the reference row: the forward's normaliser and its backward, as token_attention_backward
@@ -117,10 +120,15 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     res.fwd.lse(b, h, t) = lse;
     res.fwd.p_null(b, h, t) = pn;
     const double ds = normalize_row_backward(c.opt.normalizer, w.p.data(), pn, m, w.x.data(), dpn, dl, w.dz.data());
-    const std::size_t bh = at(b * c.s.H + h);
+    const std::size_t bh = at((b * c.s.H + h) * parts + w.part);  // this part's null partials
     if (c.has_null) gnull[bh] += ds;
     // the forward's probability bounds at u = 1 (attention_bounds: P_j = u p1_j + 2 denorm_min)
-    for (index_t j = 0; j < m; ++j) w.zc[at(j)] = scale * static_cast<double>(dh + 2) * AQ[j] + std::abs(w.z[at(j)]);
+    for (index_t j = 0; j < m; ++j) {
+      const double bj = w.bias[at(j)], sd = scale * S[j];
+      w.zc[at(j)] = std::isinf(bj) ? 0.0
+                                   : scale * static_cast<double>(dh + 2) * AQ[j] + std::abs(sd) +
+                                         (has_bias ? std::abs(bj) + std::abs(sd + bj) : 0.0);
+    }
     const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, w.z.data(), w.zc.data(),
                                                   m, sl, std::abs(sl), w.p.data(), pn, lse);
     const double Pn1 = c.has_null ? b1.p_null : 0.0;
@@ -159,7 +167,9 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     if (info.prob) {
       double maxQ = 0, maxz = 0;
       for (index_t j = 0; j < m; ++j) {
-        w.zeta2[at(j)] = bounds::score_zeta2(dh, scale, AQ[j], w.z[at(j)], 0.0, w.z[at(j)]);
+        const double bj = w.bias[at(j)];
+        if (std::isinf(bj)) continue;  // masked: zeta2 0, outside the maxima
+        w.zeta2[at(j)] = bounds::score_zeta2(dh, scale, AQ[j], scale * S[j], bj, w.z[at(j)]);
         maxQ = std::max(maxQ, AQ[j]);
         maxz = std::max(maxz, std::abs(w.z[at(j)]));
       }
@@ -170,7 +180,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
       for (index_t j = 0; j < m; ++j) {
         const double p = w.p[at(j)], x = w.x[at(j)];
         w.Rdp[at(j)] = std::sqrt(static_cast<double>(dv + 1)) * AX[j];
-        w.kap2[at(j)] = w.zeta2[at(j)] + sq(w.z[at(j)] - lse) + 5.0;
+        w.kap2[at(j)] = std::isinf(w.z[at(j)]) ? 0.0 : w.zeta2[at(j)] + sq(w.z[at(j)] - lse) + 5.0;
         RD2 += sq(p * (std::abs(x) + std::abs(dpn))) * w.kap2[at(j)] + sq(p * w.Rdp[at(j)]) +
                sq(p * (std::abs(x) + std::abs(dpn)));
       }
@@ -220,6 +230,11 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
         Xv = sq(p) * (w.kap2[at(j)] + sq(info.RL) + 1.0) + r16 * sq(std::max(p, req.n16));
       }
       ra[col] = a, rown[col] = own2, rXk[col] = Xk, rXv[col] = Xv;
+      if (has_bias) {  // dbias: dz summed over the dimensions the bias broadcasts over
+        const index_t ob = attention_bias_offset(c.opt, b, h, t, info.kr.begin + j);
+        bias_sums.g[ob] += dz, bias_sums.SZ1[ob] += Z1, bias_sums.A[ob] += std::abs(dz), bias_sums.cnt[ob] += 1;
+        if (info.prob) bias_sums.R2[ob] += Xk;
+      }
     }
     ks.maxW = std::max(ks.maxW, info.maxW);
     for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1;
@@ -255,12 +270,12 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     const index_t m = info.kr.count();
     const double mm = static_cast<double>(m);
     double* gq = Call::row(res.ref.q, c.bthd, b, h, t0 + r);
-    const double* pb = w.kpre.data() + info.kr.begin * dh;
-    const double* pe = w.kpre.data() + info.kr.end * dh;
+    const double* pb = w.kpre.data() + (m > 0 ? info.kr.begin : 0) * dh;
+    const double* pe = w.kpre.data() + (m > 0 ? info.kr.end : 0) * dh;
     for (index_t x = 0; x < dh; ++x) {
       const double dq = w.CK[at(r * dhp + x)], cD = w.CK[at((n + r) * dhp + x)];
       const double SZ1 = w.CA[at(r * dhp + x)], A = w.CA[at((n + r) * dhp + x)], cL = w.CA[at((2 * n + r) * dhp + x)];
-      const double absk = m > 0 ? pe[x] - pb[x] : 0.0;
+      const double absk = m > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
       gq[x] = scale * dq;
       for (std::size_t y = 0; y < specs.size(); ++y) {
         const Spec& sp = specs[y];
@@ -288,9 +303,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
   }
 }
 
-void Oracle::unit(index_t b, index_t hk, Work& w) {
-  pack(b, hk, w);
-  KeySums ks;
+void Oracle::init(KeySums& ks) const {
   const std::size_t kh = at(c.s.Tk * c.dhp), kv = at(c.s.Tk * c.dvp);
   for (Vec* x : {&ks.gk, &ks.SkZ1, &ks.Ak}) x->assign(kh, 0.0);
   for (Vec* x : {&ks.gv, &ks.Sv1, &ks.Av}) x->assign(kv, 0.0);
@@ -299,17 +312,53 @@ void Oracle::unit(index_t b, index_t hk, Work& w) {
   ks.cnt.assign(at(c.s.Tk), 0.0);
   ks.absq.assign(at(c.s.d_h), 0.0);
   ks.abso.assign(at(c.s.d_v), 0.0);
-  for (index_t h = hk * c.group; h < (hk + 1) * c.group; ++h)
-    for (index_t t0 = 0; t0 < c.s.Tq; t0 += kRowTile) tile(b, hk, h, t0, std::min(kRowTile, c.s.Tq - t0), w, ks);
-  finish_keys(b, hk, ks);
+}
+
+void Oracle::rows(index_t b, index_t hk, index_t i0, index_t i1, Work& w, KeySums& ks) {
+  const index_t tph = (c.s.Tq + kRowTile - 1) / kRowTile;  // tiles per query head
+  pack(b, hk, w);
+  for (index_t i = i0; i < i1; ++i) {
+    const index_t h = hk * c.group + i / tph, t0 = (i % tph) * kRowTile;
+    tile(b, hk, h, t0, std::min(kRowTile, c.s.Tq - t0), w, ks);
+  }
 }
 
 }  // namespace backward_oracle
 
 using namespace backward_oracle;
 
+namespace {
+
+/// The bias's gradient and bounds from its sums (attention_backward_bounds: 1.02 (S + n u A) + floor
+/// with S = u SZ1 + sum of the terms' floors; prob_attention_backward_bounds: K sqrt(R2 + (n + 1) A^2)
+/// + floors; stored_forward_bounds: 1.02 sum Z), the floors through the pairs' maxima.
+void finish_bias(Oracle& o) {
+  const auto& bs = o.bias_sums;
+  double maxW = 0, maxPE = 0;
+  for (std::size_t u = 0; u < o.unit_maxW.size(); ++u) maxW = std::max(maxW, o.unit_maxW[u]), maxPE = std::max(maxPE, o.unit_maxPE[u]);
+  const bounds::Precision pf = bounds::Precision::flushing<float>();
+  const double Kp = kSecondOrder * o.req.lambda * pf.u;
+  o.res.ref.bias = bs.g;
+  for (index_t i = 0; i < bs.g.size(); ++i) {
+    const double n = bs.cnt[i];
+    for (std::size_t y = 0; y < o.specs.size(); ++y) {
+      const Spec& sp = o.specs[y];
+      const double F = (sp.pfo + sp.fz) * maxW + sp.pfo * maxPE + 2.0 * sp.fz + sp.fz;  // a term's floors
+      o.outs[y]->bias[i] = kSecondOrder * (sp.u * bs.SZ1[i] + n * F + n * sp.u * bs.A[i]) + sp.pfl;
+    }
+    if (o.req.prob)
+      o.res.prob.bias[i] = Kp * std::sqrt(bs.R2[i] + (n + 1.0) * sq(bs.A[i])) +
+                           kSecondOrder * (n * pf.flush * (maxW + 3.0) + (n + 1.0) * pf.flush) + pf.p_floor;
+    if (o.req.stored)
+      for (auto [u, out] : {std::pair{bounds::Precision::of<float>().u, &o.res.fixed_float},
+                            std::pair{bounds::Precision::of<double>().u, &o.res.fixed_double}})
+        if (!out->bias.empty()) out->bias[i] = kSecondOrder * (bs.Zs0[i] + u * bs.Zs1[i]);
+  }
+}
+
+}  // namespace
+
 bool fast_backward_applies(const AttentionOptions& opt) {
-  if (!opt.bias.empty()) return false;
   if (opt.normalizer != RowNorm::softmax && opt.normalizer != RowNorm::softmax1) return false;
   for (double s : opt.null_logits)
     if (!std::isfinite(s)) return false;
@@ -326,12 +375,14 @@ BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<dou
   auto shaped = [&](bounds::AttentionBackwardBounds& x) {
     x.q = Tensor<double>(q.shape()), x.k = Tensor<double>(k.shape()), x.v = Tensor<double>(v.shape());
     if (c.has_null) x.null_logits = Tensor<double>({c.s.H});
+    if (!opt.bias.empty()) x.bias = Tensor<double>(opt.bias.shape());
   };
   res.ref.q = Tensor<double>(q.shape()), res.ref.k = Tensor<double>(k.shape()), res.ref.v = Tensor<double>(v.shape());
   if (c.has_null) res.ref.null_logits = Tensor<double>({c.s.H});
+  const bool has_bias = !opt.bias.empty();
   res.fwd.lse = Tensor<double>({c.s.B, c.s.H, c.s.Tq});
   res.fwd.p_null = Tensor<double>({c.s.B, c.s.H, c.s.Tq});
-  Oracle o{c, req, {Spec::of<double>(false)}, res, {&res.own}, {}, {}, {}, {}, {}, {}};
+  Oracle o{c, req, {Spec::of<double>(false)}, res, {&res.own}};  // the rest: their default initialisers
   shaped(res.own);
   if (req.wc_float) o.specs.push_back(Spec::of<float>(true)), o.outs.push_back(&res.wc_float), shaped(res.wc_float);
   if (req.wc_double) o.specs.push_back(Spec::of<double>(true)), o.outs.push_back(&res.wc_double), shaped(res.wc_double);
@@ -347,39 +398,85 @@ BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<dou
                                        shape_str(req.stored->lse->shape()), ", expected [B, H, Tq]");
   }
   const index_t ns = static_cast<index_t>(o.specs.size());
-  o.null_S = Tensor<double>({c.s.B, c.s.H, ns});
-  o.null_fixed = Tensor<double>({c.s.B, c.s.H, 2});
-  for (Tensor<double>* x : {&o.null_A, &o.null_n, &o.null_R2, &o.gnull}) *x = Tensor<double>({c.s.B, c.s.H});
+  // work items: (batch, kv head) pairs, each split into `parts` runs of its tiles when the pairs
+  // are fewer than kMinItems (a pair's key sums of every part held at once: at most about 1 GB)
+  const index_t units = c.s.B * c.s.H_kv, nt = c.group * ((c.s.Tq + kRowTile - 1) / kRowTile);
+  constexpr index_t kMinItems = 16;
+  const double ks_bytes = 8.0 * static_cast<double>(c.s.Tk) * static_cast<double>(12 * c.dhp + 12 * c.dvp);
+  // a bias row shared by two (batch, head) rows of different pairs, or of two heads of one pair,
+  // gathers their dz: the pairs then run in order, unsplit (the sums' order fixed, no races)
+  const Tensor<double>& bi = opt.bias;
+  const bool in_order = has_bias && (bi.rank() == 2 ? c.s.B * c.s.H > 1
+                                                    : (bi.dim(0) == 1 && c.s.B > 1) || (bi.dim(1) == 1 && c.s.H > 1));
+  o.unit_maxW.assign(at(units), 0.0), o.unit_maxPE.assign(at(units), 0.0);
+  if (has_bias) {
+    auto& bs = o.bias_sums;
+    for (Tensor<double>* x : {&bs.g, &bs.SZ1, &bs.A, &bs.cnt}) *x = Tensor<double>(bi.shape());
+    if (req.prob) bs.R2 = Tensor<double>(bi.shape());
+    if (req.stored) bs.Zs0 = Tensor<double>(bi.shape()), bs.Zs1 = Tensor<double>(bi.shape());
+  }
+  if (units < kMinItems && !in_order) {
+    const index_t by_memory = static_cast<index_t>(1e9 / (ks_bytes * static_cast<double>(units)));
+    o.parts = std::max<index_t>(1, std::min({(kMinItems + units - 1) / units, nt, by_memory}));
+  }
+  const index_t P = o.parts;
+  o.null_S = Tensor<double>({c.s.B, c.s.H, P, ns});
+  o.null_fixed = Tensor<double>({c.s.B, c.s.H, P, 2});
+  for (Tensor<double>* x : {&o.null_A, &o.null_n, &o.null_R2, &o.gnull}) *x = Tensor<double>({c.s.B, c.s.H, P});
+  std::vector<KeySums> sums(P > 1 ? at(units * P) : 0);
   std::exception_ptr err;
-#pragma omp parallel
+  auto guarded = [&err](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+#pragma omp critical(oasis_backward_oracle)
+      if (!err) err = std::current_exception();
+    }
+  };
+#pragma omp parallel if (!in_order)
   {
     Work w;
 #pragma omp for schedule(dynamic)
-    for (index_t unit = 0; unit < c.s.B * c.s.H_kv; ++unit) {
-      try {
-        o.unit(unit / c.s.H_kv, unit % c.s.H_kv, w);
-      } catch (...) {
-#pragma omp critical(oasis_backward_oracle)
-        if (!err) err = std::current_exception();
-      }
+    for (index_t item = 0; item < units * P; ++item)
+      guarded([&] {
+        const index_t unit = item / P, b = unit / c.s.H_kv, hk = unit % c.s.H_kv;
+        w.part = item % P;
+        KeySums local;
+        KeySums& ks = P > 1 ? sums[at(item)] : local;
+        o.init(ks);
+        o.rows(b, hk, w.part * nt / P, (w.part + 1) * nt / P, w, ks);
+        if (P == 1) o.finish_keys(b, hk, ks);
+      });
+    if (P > 1) {  // each pair's parts added in order, then its keys finished
+#pragma omp for schedule(dynamic)
+      for (index_t unit = 0; unit < units; ++unit)
+        guarded([&] {
+          KeySums& ks = sums[at(unit * P)];
+          for (index_t x = 1; x < P; ++x) ks.add(sums[at(unit * P + x)]), sums[at(unit * P + x)] = KeySums{};
+          o.finish_keys(unit / c.s.H_kv, unit % c.s.H_kv, ks);
+          ks = KeySums{};
+        });
     }
   }
   if (err) std::rethrow_exception(err);
+  if (has_bias) finish_bias(o);
   // the null logits: per query head, the batch elements' partial sums in order
   if (c.has_null) {
     const bounds::Precision pf = bounds::Precision::flushing<float>();
     for (index_t h = 0; h < c.s.H; ++h) {
       double A = 0, n = 0, R2 = 0, gsum = 0;
       std::vector<double> S(at(ns), 0.0);
-      for (index_t b = 0; b < c.s.B; ++b) {
-        A += o.null_A(b, h), n += o.null_n(b, h), R2 += o.null_R2(b, h), gsum += o.gnull(b, h);
-        for (index_t y = 0; y < ns; ++y) S[at(y)] += o.null_S(b, h, y);
-      }
+      for (index_t b = 0; b < c.s.B; ++b)
+        for (index_t x = 0; x < P; ++x) {
+          A += o.null_A(b, h, x), n += o.null_n(b, h, x), R2 += o.null_R2(b, h, x), gsum += o.gnull(b, h, x);
+          for (index_t y = 0; y < ns; ++y) S[at(y)] += o.null_S(b, h, x, y);
+        }
       res.ref.null_logits[h] = gsum;
       for (auto [y, out] : {std::pair{0, &res.fixed_float}, std::pair{1, &res.fixed_double}}) {
         if (out->null_logits.empty()) continue;
         double f = 0;
-        for (index_t b = 0; b < c.s.B; ++b) f += o.null_fixed(b, h, y);
+        for (index_t b = 0; b < c.s.B; ++b)
+          for (index_t x = 0; x < P; ++x) f += o.null_fixed(b, h, x, y);
         out->null_logits[h] = f;
       }
       for (index_t y = 0; y < ns; ++y) {

@@ -13,14 +13,17 @@
 // Every bound of backward_bounds.hpp is linear in u apart from its floors: a per-(row, key) term is
 // u Z1 + (floors), so one product of the u-free Z1 serves every precision. The floors (2 denorm_min
 // and min(T) per term, of the order 1e-38 or below) enter through a per-row or per-(b, kv head)
-// maximum times a sum of magnitudes: never below the plain bound, above it by those floors only.
+// maximum times a sum of magnitudes: never below the plain bound, above it by those floors only
+// (one exception, below any policy's floor: double's floors of 1e-323 round as subnormals, which a
+// product of sums rounds differently from a sum of products).
 // Every other difference from the plain functions is a summation order, covered by the gamma_n
 // bounds, so a verdict never depends on which of the two computed it (tests/verify/
 // test_attention_backward_oracle.cpp holds them side by side).
 //
-// Applies (fast_backward_applies) without a bias, with finite null logits, on softmax or softmax1,
-// inputs and cotangents exact in float; threads over (batch, kv head) pairs, each pair's sums in a
-// fixed order (the values do not depend on the number of threads).
+// Applies (fast_backward_applies) with finite null logits, on softmax or softmax1, inputs and
+// cotangents exact in float. Threads over (batch, kv head) pairs, split into a fixed number of
+// parts when they are few; a bias shared across pairs (or heads) runs the pairs in order. Every sum
+// has an order fixed by the shape: the values do not depend on the number of threads.
 #pragma once
 
 #include "oasis/grad/backward_bounds.hpp"
@@ -40,7 +43,7 @@ struct BackwardOracleRequest {
   const bounds::StoredForward* stored = nullptr;
 };
 
-/// The blocked oracle's results (bias and scores empty; a bound not asked for is empty).
+/// The blocked oracle's results (scores empty; a bound not asked for is empty).
 struct BackwardOracle {
   AttentionGrads<double> ref;
   bounds::AttentionBackwardBounds own, wc_float, wc_double, prob;

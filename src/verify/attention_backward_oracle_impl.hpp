@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "attention_backward_oracle.hpp"
@@ -22,6 +23,12 @@ inline constexpr index_t kRowTile = 64;  // query rows per tile (one head)
 inline index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 inline double sq(double x) { return x * x; }
 inline std::size_t at(index_t i) { return static_cast<std::size_t>(i); }
+/// An upper bound on a sum of magnitudes over a range of keys from prefix sums `lo` <= `hi` over at
+/// most n terms: each prefix is within n u of itself, so the difference is raised by 2 (n + 1) u hi
+/// (a floor's factor: never below the plain sum, however much a large earlier term cancels).
+inline double range_sum(double lo, double hi, index_t n) {
+  return (hi - lo) + 2.0 * static_cast<double>(n + 1) * unit_roundoff<double>() * hi;
+}
 
 /// One worst-case precision of attention_backward_bounds<T>(flush): the backward's u, floor and
 /// flush, and the floor of the forward bound it reads (attention_bounds<T>: 2 denorm_min(T)).
@@ -63,6 +70,15 @@ struct KeySums {
   Vec Fk0, Fk1, Fv;         ///< the stored forward's sums: its Z^T |q| (u-free, times u) and eps P^T |dO|
   Vec absq, abso;           ///< sum over every row of |q_c|, |dO_c|
   double maxW = 0, maxPE = 0;  ///< max |w_tj| and max p_tj EDf_t (the floors' coefficients)
+  /// Adds the sums of another part of the same pair (the maxima as maxima).
+  void add(const KeySums& o) {
+    Vec* mine[] = {&gk, &SkZ1, &Ak, &R2k, &gv, &Sv1, &Av, &R2v, &cnt, &Fk0, &Fk1, &Fv, &absq, &abso};
+    const Vec* theirs[] = {&o.gk, &o.SkZ1, &o.Ak, &o.R2k, &o.gv, &o.Sv1, &o.Av, &o.R2v, &o.cnt, &o.Fk0, &o.Fk1, &o.Fv, &o.absq, &o.abso};
+    for (std::size_t i = 0; i < std::size(mine); ++i)
+      for (std::size_t j = 0; j < mine[i]->size(); ++j) (*mine[i])[j] += (*theirs[i])[j];
+    maxW = std::max(maxW, o.maxW);
+    maxPE = std::max(maxPE, o.maxPE);
+  }
 };
 
 /// Per-row scalars kept until the tile's products are done.
@@ -81,8 +97,9 @@ struct Work {
   Vec S, AQ, dP, AX, CK, CA, C2;                              // row-major [rows x keys] and products
   Vec LK, LA, L2, LX;  // the products' weights, row-major [rows x keys] blocks (Oracle::tile)
   Vec T;               // their transposes, [keys x rows] blocks
-  Vec z, zc, p, x, dz, zeta2, kap2, Rdp;
+  Vec z, zc, p, x, dz, zeta2, kap2, Rdp, bias;
   Vec vx, va, vpre, CO, CV1, CG1;                             // the stored forward's
+  index_t part = 0;  ///< the part of the (batch, kv head) pair being computed (Oracle::parts)
 };
 
 /// T[j n + r] = A[r lda + j] for r < n, j < L, in blocks of 8 keys (reads and writes stay in cache).
@@ -103,15 +120,29 @@ struct Oracle {
   std::vector<Spec> specs;  // own, then wc_float, wc_double as asked
   BackwardOracle& res;
   std::vector<bounds::AttentionBackwardBounds*> outs;  // per spec
-  Tensor<double> null_S, null_A, null_n, null_R2, gnull;  // [B, H x specs] partials of the null logits
-  Tensor<double> null_fixed;                               // [B, H, 2]: the stored forward's, float and double
+  /// Parts per (batch, kv head) pair: with fewer pairs than kMinItems, each pair's tiles are split
+  /// into this many parts (computed in parallel, their sums added in order). It depends on the
+  /// shape alone, so the values do not depend on the number of threads.
+  index_t parts = 1;
+  // the null logits' partial sums per batch element, head and part ([B, H, parts] (x specs))
+  Tensor<double> null_S, null_A, null_n, null_R2, gnull;
+  Tensor<double> null_fixed;  // [B, H, parts, 2]: the stored forward's, float and double
+  /// The bias's gradient and the u-free sums of its bounds (the bias's shape): dz, Z1, |dz|, the
+  /// count of terms, Xk (probabilistic) and the stored forward's Z (u-free and times u). A bias
+  /// shared by several (batch, kv head) pairs makes the pairs run in order (fast_attention_backward).
+  struct BiasSums {
+    Tensor<double> g, SZ1, A, cnt, R2, Zs0, Zs1;
+  } bias_sums;
+  std::vector<double> unit_maxW, unit_maxPE;  ///< per pair, for the bias's floors
   void stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vector<RowInfo>& ri, index_t lo, index_t L,
                    index_t Lp, Work& w);
 
   void pack(index_t b, index_t hk, Work& w) const;
   void tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work& w, KeySums& ks);
   void finish_keys(index_t b, index_t hk, const KeySums& ks);
-  void unit(index_t b, index_t hk, Work& w);
+  /// The unit's tiles [i0, i1) of its sequence (query head, tile of rows) into ks.
+  void rows(index_t b, index_t hk, index_t i0, index_t i1, Work& w, KeySums& ks);
+  void init(KeySums& ks) const;
 };
 
 }  // namespace oasis::verify::detail::backward_oracle

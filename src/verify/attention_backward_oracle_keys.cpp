@@ -23,18 +23,18 @@ void Oracle::stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vecto
   const bounds::Precision pf = bounds::Precision::of<float>(), pd = bounds::Precision::of<double>();
   for (index_t r = 0; r < n; ++r) {
     RowInfo& info = ri[at(r)];
-    const index_t t = t0 + r, m = info.kr.count(), off = info.kr.begin - lo;
+    const index_t t = t0 + r, m = info.kr.count(), off = m > 0 ? info.kr.begin - lo : 0;
     const double mm = static_cast<double>(m);
     double* O = Call::row(res.fwd.out, c.bthd, b, h, t);
     double* Bf = Call::row(res.fwd_float.out, c.bthd, b, h, t);
     double* Bd = Call::row(res.fwd_double.out, c.bthd, b, h, t);
     const double* orow = Call::row(c.d.out, c.bthd, b, h, t);
     const double* so = sf.out ? Call::row(*sf.out, c.bthd, b, h, t) : nullptr;
-    const double *vb = w.vpre.data() + info.kr.begin * dv, *ve = w.vpre.data() + info.kr.end * dv;
+    const double *vb = w.vpre.data() + (m > 0 ? info.kr.begin : 0) * dv, *ve = w.vpre.data() + (m > 0 ? info.kr.end : 0) * dv;
     double eD = 0, aD = 0;
     for (index_t x = 0; x < dv; ++x) {
       const double o = w.CO[at(r * dvp + x)], V1 = w.CV1[at(r * dvp + x)], G1 = w.CG1[at(r * dvp + x)];
-      const double absv = m > 0 ? ve[x] - vb[x] : 0.0;
+      const double absv = m > 0 ? range_sum(vb[x], ve[x], c.s.Tk) : 0.0;
       O[x] = o;
       Bf[x] = kSecondOrder * (pf.u * (G1 + mm * V1) + pf.p_floor * absv) + bounds::underflow_floor(pf, m);
       Bd[x] = kSecondOrder * (pd.u * (G1 + mm * V1) + pd.p_floor * absv) + bounds::underflow_floor(pd, m);
@@ -55,10 +55,14 @@ void Oracle::stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vecto
       Zs0[col] = info.eps * std::abs(dz[col]) + (1.0 + info.eps) * Pr[col] * info.dDx;
       Zs1[col] = (1.0 + info.eps) * Pr[col] * static_cast<double>(dv) * aD;
       ep[col] = info.eps * Pr[col];
+      if (!c.opt.bias.empty()) {
+        const index_t ob = attention_bias_offset(c.opt, b, h, t, info.kr.begin + j);
+        bias_sums.Zs0[ob] += Zs0[col], bias_sums.Zs1[ob] += Zs1[col];
+      }
     }
     if (c.has_null) {
       const double wn = std::abs(info.pn * (info.dpn - info.Dt + info.dl));
-      const std::size_t bh = at(b * c.s.H + h);
+      const std::size_t bh = at((b * c.s.H + h) * parts + w.part);
       for (std::size_t y = 0; y < 2; ++y) {
         const double u = y ? pd.u : pf.u;
         null_fixed[bh * 2 + y] +=
@@ -69,6 +73,7 @@ void Oracle::stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vecto
 }
 
 void Oracle::finish_keys(index_t b, index_t hk, const KeySums& ks) {
+  unit_maxW[at(b * c.s.H_kv + hk)] = ks.maxW, unit_maxPE[at(b * c.s.H_kv + hk)] = ks.maxPE;
   const index_t dh = c.s.d_h, dv = c.s.d_v, dhp = c.dhp, dvp = c.dvp;
   const bounds::Precision pf = bounds::Precision::flushing<float>();
   const double Kp = kSecondOrder * req.lambda * pf.u, scale = c.scale;

@@ -189,7 +189,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     row.t = ts[r];
     row.kr = kr[static_cast<std::size_t>(r)];
     row.has_null = has_null;
-    const index_t m = row.m(), off = row.kr.begin - lo;
+    const index_t m = row.m(), off = m > 0 ? row.kr.begin - lo : 0;  // a row without keys may start anywhere
     const double* dot = ws.S.data() + r * Lp + off;
     const double* Q = ws.AQ.data() + r * Lp + off;
     bias.assign(static_cast<std::size_t>(m), 0.0);
@@ -288,7 +288,9 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.out[xu] = A;
       row.G1[xu] = G1;
       row.V1[xu] = V1;
-      row.absv[xu] = row.m() > 0 ? pe[x] - pb[x] : 0.0;
+      // (prefix sums: raised by their own rounding, 2 (Tk + 1) u of the larger, so that a large
+      // earlier |v| cancelling in the difference never leaves the floor below the row's sum)
+      row.absv[xu] = row.m() > 0 ? (pe[x] - pb[x]) + 2.0 * static_cast<double>(c.s.Tk + 1) * unit_roundoff<double>() * pe[x] : 0.0;
       const auto ru = static_cast<std::size_t>(r);
       const double f = fs[ru];
       row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru], f);

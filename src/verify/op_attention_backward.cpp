@@ -77,7 +77,7 @@ CompareReport run(const OpCall& c) {
                     {"grad_null_logits", a.normalizer == RowNorm::softmax1 ? filled({q.values.dim(a.layout == AttentionLayout::bthd ? 2 : 1)}) : Tensor<double>()},
                     {"grad_bias", a.bias.empty() ? Tensor<double>() : filled(a.bias.shape())}};
   };
-  // the blocked oracle covers calls without a bias, on inputs exact in float
+  // the blocked oracle covers calls with finite null logits, on inputs exact in float
   // (its float bounds read them as the plain ones read their float copies)
   auto blocked_applies = [&] {
     if (!fast_backward_applies(a)) return false;
@@ -190,7 +190,8 @@ CompareReport run(const OpCall& c) {
                                   {{"grad_q", {&bo.ref.q, &bo.own.q, 1.01}},
                                    {"grad_k", {&bo.ref.k, &bo.own.k, 1.01}},
                                    {"grad_v", {&bo.ref.v, &bo.own.v, 1.01}},
-                                   {"grad_null_logits", {&bo.ref.null_logits, &bo.own.null_logits, 1.01}}},
+                                   {"grad_null_logits", {&bo.ref.null_logits, &bo.own.null_logits, 1.01}},
+                                   {"grad_bias", {&bo.ref.bias, &bo.own.bias, 1.01}}},
                                   pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
     } else {
       const AttentionResult<double> fwd = token_attention(qd, kd, vd, a);

@@ -270,3 +270,34 @@ TEST(ComparePolicy, FastOracleAgreesWithMp50) {
       }
     }
 }
+
+// A sliding window past the padding: rows whose window starts after the last valid key see no key
+// (their key range begins far to the right of the tile's keys). The fast oracles, forward and
+// backward, give mp50's verdicts on them, and the correct answers pass.
+TEST(ComparePolicy, WindowPastThePaddingLeavesRowsWithoutKeys) {
+  zoo::Case c = zoo::make_case("window_pad", 2, 2, 1, 70, 70, 8, false, true, 1.0, 1.0, 79);
+  c.opt.window = 4;
+  c.opt.key_lengths = {10, 0};
+  std::string opts = options_json(c);
+  opts.insert(opts.size() - 1, ", \"key_lengths\": [10, 0]");
+  const io::json::Value ov = io::json::parse(opts);
+  verify::CompareOptions fast, slow;
+  slow.oracle = verify::Oracle::mp50;
+  const io::TensorMap in = zoo::inputs_of(c);
+  const io::TensorMap out = zoo::outputs_of(run_impl(zoo::Impl{"plain"}, c, io::DType::f32), io::DType::f32);
+  const verify::CompareReport rf = verify::check("attention", in, out, ov, fast), rs = verify::check("attention", in, out, ov, slow);
+  EXPECT_TRUE(rf.passed) << verify::format_report(rf);
+  EXPECT_EQ(rf.passed, rs.passed);
+  // the backward: f32 gradients of the float reference backward from a random grad_out
+  oasis::AttentionCotangents<float> d{c.q.cast<float>(), {}, {}};  // grad_out: any [B, H, Tq, dv] tensor
+  const oasis::AttentionGrads<float> g = oasis::token_attention_backward(c.q, c.k, c.v, d, c.opt);
+  io::TensorMap bin = in;
+  bin.emplace("grad_out", io::StoredTensor{io::DType::f32, d.out.cast<double>()});
+  io::TensorMap bout{{"grad_q", {io::DType::f32, g.q.cast<double>()}}, {"grad_k", {io::DType::f32, g.k.cast<double>()}},
+                     {"grad_v", {io::DType::f32, g.v.cast<double>()}},
+                     {"grad_null_logits", {io::DType::f32, g.null_logits.cast<double>()}}};
+  const verify::CompareReport bf = verify::check("attention_backward", bin, bout, ov, fast),
+                              bs = verify::check("attention_backward", bin, bout, ov, slow);
+  EXPECT_TRUE(bf.passed) << verify::format_report(bf);
+  EXPECT_EQ(bf.passed, bs.passed);
+}

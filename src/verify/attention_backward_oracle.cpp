@@ -233,11 +233,13 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
       if (has_bias) {  // dbias: dz summed over the dimensions the bias broadcasts over
         const index_t ob = attention_bias_offset(c.opt, b, h, t, info.kr.begin + j);
         bias_sums.g[ob] += dz, bias_sums.SZ1[ob] += Z1, bias_sums.A[ob] += std::abs(dz), bias_sums.cnt[ob] += 1;
-        if (info.prob) bias_sums.R2[ob] += Xk;
+        if (info.prob) bias_sums.R2[ob] += Xk, bias_sums.cntp[ob] += 1;
       }
     }
     ks.maxW = std::max(ks.maxW, info.maxW);
-    for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1;
+    // (a row with keys but no finite LSE, all of them masked by a bias, is outside the probabilistic
+    // bound's count, as prob_attention_backward_bounds skips it)
+    for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1, ks.cntp[at(j)] += info.prob ? 1 : 0;
   }
   w.CK.resize(at(2 * n * dhp)), w.CA.resize(at(la * n * dhp)), w.C2.resize(at(n * dhp));
   if (req.stored) stored_rows(b, h, t0, n, ri, lo, L, Lp, w);
@@ -310,6 +312,7 @@ void Oracle::init(KeySums& ks) const {
   if (req.prob) ks.R2k.assign(kh, 0.0), ks.R2v.assign(kv, 0.0);
   if (req.stored) ks.Fk0.assign(kh, 0.0), ks.Fk1.assign(kh, 0.0), ks.Fv.assign(kv, 0.0);
   ks.cnt.assign(at(c.s.Tk), 0.0);
+  ks.cntp.assign(at(c.s.Tk), 0.0);
   ks.absq.assign(at(c.s.d_h), 0.0);
   ks.abso.assign(at(c.s.d_v), 0.0);
 }
@@ -346,9 +349,11 @@ void finish_bias(Oracle& o) {
       const double F = (sp.pfo + sp.fz) * maxW + sp.pfo * maxPE + 2.0 * sp.fz + sp.fz;  // a term's floors
       o.outs[y]->bias[i] = kSecondOrder * (sp.u * bs.SZ1[i] + n * F + n * sp.u * bs.A[i]) + sp.pfl;
     }
-    if (o.req.prob)
-      o.res.prob.bias[i] = Kp * std::sqrt(bs.R2[i] + (n + 1.0) * sq(bs.A[i])) +
-                           kSecondOrder * (n * pf.flush * (maxW + 3.0) + (n + 1.0) * pf.flush) + pf.p_floor;
+    if (o.req.prob) {
+      const double np = bs.cntp[i];
+      o.res.prob.bias[i] = Kp * std::sqrt(bs.R2[i] + (np + 1.0) * sq(bs.A[i])) +
+                           kSecondOrder * (np * pf.flush * (maxW + 3.0) + (np + 1.0) * pf.flush) + pf.p_floor;
+    }
     if (o.req.stored)
       for (auto [u, out] : {std::pair{bounds::Precision::of<float>().u, &o.res.fixed_float},
                             std::pair{bounds::Precision::of<double>().u, &o.res.fixed_double}})
@@ -368,7 +373,7 @@ bool fast_backward_applies(const AttentionOptions& opt) {
 BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
                                        const AttentionCotangents<double>& d, const AttentionOptions& opt,
                                        const BackwardOracleRequest& req) {
-  OASIS_REQUIRE(fast_backward_applies(opt), "options", "the blocked backward oracle takes no bias and finite null logits");
+  OASIS_REQUIRE(fast_backward_applies(opt), "options", "the blocked backward oracle takes softmax or softmax1 with finite null logits");
   const Call c(q, k, v, d, opt);
   check_attention_cotangents(c.s, opt, d);
   BackwardOracle res;
@@ -412,7 +417,7 @@ BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<dou
   if (has_bias) {
     auto& bs = o.bias_sums;
     for (Tensor<double>* x : {&bs.g, &bs.SZ1, &bs.A, &bs.cnt}) *x = Tensor<double>(bi.shape());
-    if (req.prob) bs.R2 = Tensor<double>(bi.shape());
+    if (req.prob) bs.R2 = Tensor<double>(bi.shape()), bs.cntp = Tensor<double>(bi.shape());
     if (req.stored) bs.Zs0 = Tensor<double>(bi.shape()), bs.Zs1 = Tensor<double>(bi.shape());
   }
   if (units < kMinItems && !in_order) {

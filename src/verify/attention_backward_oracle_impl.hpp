@@ -67,13 +67,15 @@ struct Call {
 /// The sums over rows of one (batch, kv head) pair, per key and feature ([Tk x dhp], [Tk x dvp]).
 struct KeySums {
   Vec gk, SkZ1, Ak, R2k, gv, Sv1, Av, R2v, cnt;
+  Vec cntp;                 ///< the count of the probabilistic bound: rows with a finite LSE only
   Vec Fk0, Fk1, Fv;         ///< the stored forward's sums: its Z^T |q| (u-free, times u) and eps P^T |dO|
   Vec absq, abso;           ///< sum over every row of |q_c|, |dO_c|
   double maxW = 0, maxPE = 0;  ///< max |w_tj| and max p_tj EDf_t (the floors' coefficients)
   /// Adds the sums of another part of the same pair (the maxima as maxima).
   void add(const KeySums& o) {
-    Vec* mine[] = {&gk, &SkZ1, &Ak, &R2k, &gv, &Sv1, &Av, &R2v, &cnt, &Fk0, &Fk1, &Fv, &absq, &abso};
-    const Vec* theirs[] = {&o.gk, &o.SkZ1, &o.Ak, &o.R2k, &o.gv, &o.Sv1, &o.Av, &o.R2v, &o.cnt, &o.Fk0, &o.Fk1, &o.Fv, &o.absq, &o.abso};
+    Vec* mine[] = {&gk, &SkZ1, &Ak, &R2k, &gv, &Sv1, &Av, &R2v, &cnt, &cntp, &Fk0, &Fk1, &Fv, &absq, &abso};
+    const Vec* theirs[] = {&o.gk, &o.SkZ1, &o.Ak, &o.R2k, &o.gv,  &o.Sv1, &o.Av, &o.R2v,
+                           &o.cnt, &o.cntp, &o.Fk0, &o.Fk1, &o.Fv, &o.absq, &o.abso};
     for (std::size_t i = 0; i < std::size(mine); ++i)
       for (std::size_t j = 0; j < mine[i]->size(); ++j) (*mine[i])[j] += (*theirs[i])[j];
     maxW = std::max(maxW, o.maxW);
@@ -131,7 +133,7 @@ struct Oracle {
   /// count of terms, Xk (probabilistic) and the stored forward's Z (u-free and times u). A bias
   /// shared by several (batch, kv head) pairs makes the pairs run in order (fast_attention_backward).
   struct BiasSums {
-    Tensor<double> g, SZ1, A, cnt, R2, Zs0, Zs1;
+    Tensor<double> g, SZ1, A, cnt, cntp, R2, Zs0, Zs1;  // cntp: terms of rows with a finite LSE
   } bias_sums;
   std::vector<double> unit_maxW, unit_maxPE;  ///< per pair, for the bias's floors
   void stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vector<RowInfo>& ri, index_t lo, index_t L,

@@ -106,17 +106,18 @@ void Oracle::finish_keys(index_t b, index_t hk, const KeySums& ks) {
       }
     }
     if (req.prob) {
+      const double np = ks.cntp[at(j)];  // rows with a finite LSE (prob_attention_backward_bounds)
       double* pk = Call::row(res.prob.k, c.bthd, b, hk, j);
       double* pv = Call::row(res.prob.v, c.bthd, b, hk, j);
       const double *R2k = ks.R2k.data() + j * dhp, *R2v = ks.R2v.data() + j * dvp;
       for (index_t x = 0; x < dh; ++x) {
-        const double Fk = n > 0 ? pf.flush * (ks.maxW + 2.0) * ks.absq[at(x)] : 0.0;
-        pk[x] = Kp * scale * std::sqrt(R2k[x] + (n + 4.0) * sq(Ak[x])) + kSecondOrder * (scale * Fk + (n + 3.0) * pf.flush) +
+        const double Fk = np > 0 ? pf.flush * (ks.maxW + 2.0) * ks.absq[at(x)] : 0.0;
+        pk[x] = Kp * scale * std::sqrt(R2k[x] + (np + 4.0) * sq(Ak[x])) + kSecondOrder * (scale * Fk + (np + 3.0) * pf.flush) +
                 pf.p_floor;
       }
       for (index_t x = 0; x < dv; ++x) {
-        const double Fv = n > 0 ? pf.flush * (ks.abso[at(x)] + n) : 0.0;
-        pv[x] = Kp * std::sqrt(R2v[x] + (n + 1.0) * sq(Av[x])) + kSecondOrder * (Fv + (n + 1.0) * pf.flush) + pf.p_floor;
+        const double Fv = np > 0 ? pf.flush * (ks.abso[at(x)] + np) : 0.0;
+        pv[x] = Kp * std::sqrt(R2v[x] + (np + 1.0) * sq(Av[x])) + kSecondOrder * (Fv + (np + 1.0) * pf.flush) + pf.p_floor;
       }
     }
     if (req.stored)

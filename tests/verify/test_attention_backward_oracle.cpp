@@ -40,7 +40,8 @@ struct Case {
   bool padded = false, dlse = false, dpn = false, bthd = false, sinks = false;
   bool p16 = false;  ///< P and dS rounded to bf16 before the products (the probabilistic bound's r16 terms)
   int stored = 0;    ///< the stored forward: 1 O stored in bf16 (out_u), 2 O and LSE1 given, off by ~1e-3
-  int bias = 0;      ///< a bias, one key in 8 masked (-inf): 1 [Tq, Tk], 2 [1, H, Tq, Tk], 3 [B, H, Tq, Tk]
+  int bias = 0;      ///< a bias, one key in 8 masked (-inf): 1 [Tq, Tk], 2 [1, H, Tq, Tk], 3 [B, H, Tq, Tk];
+                     ///< 4 [Tq, Tk] with every third row masked whole (softmax: rows without a finite LSE)
 };
 
 Tensor<double> float_exact(Shape sh, std::mt19937_64& rng, double sd = 1.0) {
@@ -95,8 +96,13 @@ void run_case(const Case& c, std::uint64_t salt) {
   if (c.sinks)
     for (index_t h = 0; h < c.H; ++h) o.null_logits.push_back(h % 2 ? 6.0 : -3.0 + h);
   if (c.bias) {
-    o.bias = test::randn<double>(c.bias == 1 ? Shape{c.Tq, c.Tk} : Shape{c.bias == 2 ? 1 : c.B, c.H, c.Tq, c.Tk}, rng, 0.7);
-    for (index_t i = 0; i < o.bias.size(); i += 8) o.bias[i] = -std::numeric_limits<double>::infinity();
+    const double ninf = -std::numeric_limits<double>::infinity();
+    o.bias = test::randn<double>(c.bias == 1 || c.bias == 4 ? Shape{c.Tq, c.Tk} : Shape{c.bias == 2 ? 1 : c.B, c.H, c.Tq, c.Tk},
+                                 rng, 0.7);
+    for (index_t i = 0; i < o.bias.size(); i += 8) o.bias[i] = ninf;
+    if (c.bias == 4)
+      for (index_t t = 0; t < c.Tq; t += 3)
+        for (index_t j = 0; j < c.Tk; ++j) o.bias(t, j) = ninf;
   }
   BackwardOracleRequest rq;
   rq.wc_double = true;
@@ -190,6 +196,10 @@ TEST(AttentionBackwardOracle, EqualsThePlainReferenceAndBounds) {
       {"O and LSE given, softmax", 3, 2, 2, 20, 20, 8, 8, RowNorm::softmax, true, 0, true, true, false, false, false, false, 2},
       {"bias [Tq, Tk], GQA, sinks", 2, 4, 2, 70, 70, 16, 16, RowNorm::softmax1, true, 0, false, true, true, false, true, false, 0, 1},
       {"bias [1, H, Tq, Tk], bthd, stored", 2, 2, 1, 33, 40, 8, 8, RowNorm::softmax1, false, 0, true, true, true, true, true, false, 2, 2},
+      {"bias masking whole rows, softmax, stored", 2, 4, 1, 70, 70, 8, 8, RowNorm::softmax, true, 0, false, true, false, false,
+       false, false, 1, 4},
+      {"bias masking whole rows, softmax1", 1, 2, 2, 40, 40, 8, 8, RowNorm::softmax1, false, 0, false, true, true, false, true,
+       false, 0, 4},
       {"bias [B, H, Tq, Tk], softmax, P in bf16", 2, 2, 2, 30, 30, 8, 8, RowNorm::softmax, true, 5, false, true, false, false, false, true, 1, 3},
   };
   std::uint64_t salt = 700;

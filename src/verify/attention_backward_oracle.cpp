@@ -20,8 +20,8 @@ void Oracle::pack(index_t b, index_t hk, Work& w) const {
   w.k2.assign(w.kx.size(), 0.0);
   w.kpre.assign(at((Tk + 1) * dh), 0.0);
   for (index_t j = 0; j < Tk; ++j) {
-    const double* kj = Call::row(c.k, c.bthd, b, hk, j);
-    const double* vj = Call::row(c.v, c.bthd, b, hk, j);
+    const double* kj = Call::row(c.k, c.bthd(), b, hk, j);
+    const double* vj = Call::row(c.v, c.bthd(), b, hk, j);
     for (index_t x = 0; x < dh; ++x) {
       w.kt[at(x * tkp + j)] = kj[x];
       w.kta[at(x * tkp + j)] = std::abs(kj[x]);
@@ -40,7 +40,7 @@ void Oracle::pack(index_t b, index_t hk, Work& w) const {
   w.va.assign(w.vx.size(), 0.0);
   w.vpre.assign(at((Tk + 1) * dv), 0.0);
   for (index_t j = 0; j < Tk; ++j) {
-    const double* vj = Call::row(c.v, c.bthd, b, hk, j);
+    const double* vj = Call::row(c.v, c.bthd(), b, hk, j);
     for (index_t x = 0; x < dv; ++x) {
       w.vx[at(j * c.dvp + x)] = vj[x];
       w.va[at(j * c.dvp + x)] = std::abs(vj[x]);
@@ -70,8 +70,8 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
   w.qB.assign(at(n * dhp), 0.0), w.qaB.assign(w.qB.size(), 0.0), w.q2B.assign(w.qB.size(), 0.0);
   w.oB.assign(at(n * dvp), 0.0), w.oaB.assign(w.oB.size(), 0.0), w.o2B.assign(w.oB.size(), 0.0);
   for (index_t r = 0; r < n; ++r) {
-    const double* qr = Call::row(c.q, c.bthd, b, h, t0 + r);
-    const double* orow = Call::row(c.d.out, c.bthd, b, h, t0 + r);
+    const double* qr = Call::row(c.q, c.bthd(), b, h, t0 + r);
+    const double* orow = Call::row(c.d.out, c.bthd(), b, h, t0 + r);
     for (index_t x = 0; x < dh; ++x) {
       w.qb[at(r * dh + x)] = w.qB[at(r * dhp + x)] = qr[x];
       w.qa[at(r * dh + x)] = w.qaB[at(r * dhp + x)] = std::abs(qr[x]);
@@ -271,7 +271,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     const RowInfo& info = ri[at(r)];
     const index_t m = info.kr.count();
     const double mm = static_cast<double>(m);
-    double* gq = Call::row(res.ref.q, c.bthd, b, h, t0 + r);
+    double* gq = Call::row(res.ref.q, c.bthd(), b, h, t0 + r);
     const double* pb = w.kpre.data() + (m > 0 ? info.kr.begin : 0) * dh;
     const double* pe = w.kpre.data() + (m > 0 ? info.kr.end : 0) * dh;
     for (index_t x = 0; x < dh; ++x) {
@@ -282,7 +282,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
       for (std::size_t y = 0; y < specs.size(); ++y) {
         const Spec& sp = specs[y];
         const double Fq = m > 0 ? ((sp.pfo + sp.fz) * info.maxW + sp.pfo * info.EDf * info.maxp + 2.0 * sp.fz) * absk : 0.0;
-        Call::row(outs[y]->q, c.bthd, b, h, t0 + r)[x] =
+        Call::row(outs[y]->q, c.bthd(), b, h, t0 + r)[x] =
             kSecondOrder * (scale * (sp.u * SZ1 + Fq + (mm + 3.0) * sp.u * A) + (mm + 3.0) * sp.fz) + sp.pfl;
       }
       if (req.stored) {  // the stored forward's error: scale sum_j (eps |dz_j| + (1 + eps) p_j dD) |k_jc|
@@ -291,14 +291,14 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
                               std::pair{bounds::Precision::of<double>().u, &res.fixed_double}}) {
           if (out->q.empty()) continue;
           const double dD = info.dDx + u * static_cast<double>(dv) * info.aD;
-          Call::row(out->q, c.bthd, b, h, t0 + r)[x] = kSecondOrder * scale * (info.eps * A + (1.0 + info.eps) * dD * pk);
+          Call::row(out->q, c.bthd(), b, h, t0 + r)[x] = kSecondOrder * scale * (info.eps * A + (1.0 + info.eps) * dD * pk);
         }
       }
       if (info.prob) {
         const double own = w.C2[at(r * dhp + x)], fl = pf.flush * (info.maxW + 2.0) * absk;
         const double R2 =
             sq(scale) * (2.0 * own + 2.0 * sq(cD) * info.RD2 + sq(cL * info.RL) + (mm + 1.0) * sq(A)) + 3.0 * sq(scale * dq);
-        Call::row(res.prob.q, c.bthd, b, h, t0 + r)[x] =
+        Call::row(res.prob.q, c.bthd(), b, h, t0 + r)[x] =
             Kp * std::sqrt(R2) + kSecondOrder * (scale * fl + (mm + 3.0) * pf.flush) + pf.p_floor;
       }
     }
@@ -321,7 +321,7 @@ void Oracle::rows(index_t b, index_t hk, index_t i0, index_t i1, Work& w, KeySum
   const index_t tph = (c.s.Tq + kRowTile - 1) / kRowTile;  // tiles per query head
   pack(b, hk, w);
   for (index_t i = i0; i < i1; ++i) {
-    const index_t h = hk * c.group + i / tph, t0 = (i % tph) * kRowTile;
+    const index_t h = hk * c.group() + i / tph, t0 = (i % tph) * kRowTile;
     tile(b, hk, h, t0, std::min(kRowTile, c.s.Tq - t0), w, ks);
   }
 }
@@ -405,7 +405,7 @@ BackwardOracle fast_attention_backward(const Tensor<double>& q, const Tensor<dou
   const index_t ns = static_cast<index_t>(o.specs.size());
   // work items: (batch, kv head) pairs, each split into `parts` runs of its tiles when the pairs
   // are fewer than kMinItems (a pair's key sums of every part held at once: at most about 1 GB)
-  const index_t units = c.s.B * c.s.H_kv, nt = c.group * ((c.s.Tq + kRowTile - 1) / kRowTile);
+  const index_t units = c.s.B * c.s.H_kv, nt = c.group() * ((c.s.Tq + kRowTile - 1) / kRowTile);
   constexpr index_t kMinItems = 16;
   const double ks_bytes = 8.0 * static_cast<double>(c.s.Tk) * static_cast<double>(12 * c.dhp + 12 * c.dvp);
   // a bias row shared by two (batch, head) rows of different pairs, or of two heads of one pair,

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <vector>
 
 #include "attention_backward_oracle.hpp"
+#include "attention_oracle.hpp"
 #include "oracle_kernels.hpp"
 
 namespace oasis::verify::detail::backward_oracle {
@@ -23,12 +23,6 @@ inline constexpr index_t kRowTile = 64;  // query rows per tile (one head)
 inline index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 inline double sq(double x) { return x * x; }
 inline std::size_t at(index_t i) { return static_cast<std::size_t>(i); }
-/// An upper bound on a sum of magnitudes over a range of keys from prefix sums `lo` <= `hi` over at
-/// most n terms: each prefix is within n u of itself, so the difference is raised by 2 (n + 1) u hi
-/// (a floor's factor: never below the plain sum, however much a large earlier term cancels).
-inline double range_sum(double lo, double hi, index_t n) {
-  return (hi - lo) + 2.0 * static_cast<double>(n + 1) * unit_roundoff<double>() * hi;
-}
 
 /// One worst-case precision of attention_backward_bounds<T>(flush): the backward's u, floor and
 /// flush, and the floor of the forward bound it reads (attention_bounds<T>: 2 denorm_min(T)).
@@ -42,24 +36,18 @@ struct Spec {
   }
 };
 
-/// The call: inputs in either layout, validated.
-struct Call {
-  const Tensor<double>&q, &k, &v;
+/// The call (attention_oracle.hpp's, inputs in either layout, validated) with its cotangents.
+struct Call : AttnCall {
   const AttentionCotangents<double>& d;
-  const AttentionOptions& opt;
-  AttentionShape s;
-  double scale;
-  bool bthd, has_null;
-  index_t group, dhp, dvp;
+  bool has_null;
+  index_t dhp, dvp;  ///< d_h, d_v rounded up to the column quantum of the products
   Call(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionCotangents<double>& d_,
        const AttentionOptions& o)
-      : q(q_), k(k_), v(v_), d(d_), opt(o), s(check_attention_args(q_, k_, v_, o)),
-        scale(score_scale<double>(s, o)), bthd(o.layout == AttentionLayout::bthd),
-        has_null(o.normalizer == RowNorm::softmax1), group(s.H / s.H_kv), dhp(round_up(s.d_h, kColumnQuantum)),
-        dvp(round_up(s.d_v, kColumnQuantum)) {}
+      : AttnCall(q_, k_, v_, o), d(d_), has_null(o.normalizer == RowNorm::softmax1),
+        dhp(round_up(s.d_h, kColumnQuantum)), dvp(round_up(s.d_v, kColumnQuantum)) {}
+  /// The row (b, h, t) of a [B, H, T, d] tensor in the call's layout (h a kv head for k, v).
   template <class X>
   static auto* row(X& x, bool bthd, index_t b, index_t h, index_t t) { return bthd ? x.ptr(b, t, h) : x.ptr(b, h, t); }
-  double null_logit(index_t h) const { return opt.null_logits.empty() ? 0.0 : opt.null_logits[at(h)]; }
   double dlse(index_t b, index_t h, index_t t) const { return d.lse.empty() ? 0.0 : d.lse(b, h, t); }
   double dpn(index_t b, index_t h, index_t t) const { return d.p_null.empty() ? 0.0 : d.p_null(b, h, t); }
 };
@@ -73,11 +61,10 @@ struct KeySums {
   double maxW = 0, maxPE = 0;  ///< max |w_tj| and max p_tj EDf_t (the floors' coefficients)
   /// Adds the sums of another part of the same pair (the maxima as maxima).
   void add(const KeySums& o) {
-    Vec* mine[] = {&gk, &SkZ1, &Ak, &R2k, &gv, &Sv1, &Av, &R2v, &cnt, &cntp, &Fk0, &Fk1, &Fv, &absq, &abso};
-    const Vec* theirs[] = {&o.gk, &o.SkZ1, &o.Ak, &o.R2k, &o.gv,  &o.Sv1, &o.Av, &o.R2v,
-                           &o.cnt, &o.cntp, &o.Fk0, &o.Fk1, &o.Fv, &o.absq, &o.abso};
-    for (std::size_t i = 0; i < std::size(mine); ++i)
-      for (std::size_t j = 0; j < mine[i]->size(); ++j) (*mine[i])[j] += (*theirs[i])[j];
+    for (Vec KeySums::*m : {&KeySums::gk, &KeySums::SkZ1, &KeySums::Ak, &KeySums::R2k, &KeySums::gv, &KeySums::Sv1,
+                            &KeySums::Av, &KeySums::R2v, &KeySums::cnt, &KeySums::cntp, &KeySums::Fk0, &KeySums::Fk1,
+                            &KeySums::Fv, &KeySums::absq, &KeySums::abso})
+      for (std::size_t j = 0; j < (this->*m).size(); ++j) (this->*m)[j] += (o.*m)[j];
     maxW = std::max(maxW, o.maxW);
     maxPE = std::max(maxPE, o.maxPE);
   }

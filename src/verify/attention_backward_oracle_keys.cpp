@@ -25,11 +25,11 @@ void Oracle::stored_rows(index_t b, index_t h, index_t t0, index_t n, std::vecto
     RowInfo& info = ri[at(r)];
     const index_t t = t0 + r, m = info.kr.count(), off = m > 0 ? info.kr.begin - lo : 0;
     const double mm = static_cast<double>(m);
-    double* O = Call::row(res.fwd.out, c.bthd, b, h, t);
-    double* Bf = Call::row(res.fwd_float.out, c.bthd, b, h, t);
-    double* Bd = Call::row(res.fwd_double.out, c.bthd, b, h, t);
-    const double* orow = Call::row(c.d.out, c.bthd, b, h, t);
-    const double* so = sf.out ? Call::row(*sf.out, c.bthd, b, h, t) : nullptr;
+    double* O = Call::row(res.fwd.out, c.bthd(), b, h, t);
+    double* Bf = Call::row(res.fwd_float.out, c.bthd(), b, h, t);
+    double* Bd = Call::row(res.fwd_double.out, c.bthd(), b, h, t);
+    const double* orow = Call::row(c.d.out, c.bthd(), b, h, t);
+    const double* so = sf.out ? Call::row(*sf.out, c.bthd(), b, h, t) : nullptr;
     const double *vb = w.vpre.data() + (m > 0 ? info.kr.begin : 0) * dv, *ve = w.vpre.data() + (m > 0 ? info.kr.end : 0) * dv;
     double eD = 0, aD = 0;
     for (index_t x = 0; x < dv; ++x) {
@@ -85,10 +85,10 @@ void Oracle::finish_keys(index_t b, index_t hk, const KeySums& ks) {
     const double n = ks.cnt[at(j)];
     const double *gk = ks.gk.data() + j * dhp, *SkZ1 = ks.SkZ1.data() + j * dhp, *Ak = ks.Ak.data() + j * dhp;
     const double *gv = ks.gv.data() + j * dvp, *Sv1 = ks.Sv1.data() + j * dvp, *Av = ks.Av.data() + j * dvp;
-    double* rk = Call::row(res.ref.k, c.bthd, b, hk, j);
-    double* rv = Call::row(res.ref.v, c.bthd, b, hk, j);
+    double* rk = Call::row(res.ref.k, c.bthd(), b, hk, j);
+    double* rv = Call::row(res.ref.v, c.bthd(), b, hk, j);
     for (std::size_t y = 0; y < ns; ++y)
-      wk[y] = Call::row(outs[y]->k, c.bthd, b, hk, j), wv[y] = Call::row(outs[y]->v, c.bthd, b, hk, j);
+      wk[y] = Call::row(outs[y]->k, c.bthd(), b, hk, j), wv[y] = Call::row(outs[y]->v, c.bthd(), b, hk, j);
     for (index_t x = 0; x < dh; ++x) {
       rk[x] = scale * gk[x];
       for (std::size_t y = 0; y < ns; ++y) {
@@ -107,8 +107,8 @@ void Oracle::finish_keys(index_t b, index_t hk, const KeySums& ks) {
     }
     if (req.prob) {
       const double np = ks.cntp[at(j)];  // rows with a finite LSE (prob_attention_backward_bounds)
-      double* pk = Call::row(res.prob.k, c.bthd, b, hk, j);
-      double* pv = Call::row(res.prob.v, c.bthd, b, hk, j);
+      double* pk = Call::row(res.prob.k, c.bthd(), b, hk, j);
+      double* pv = Call::row(res.prob.v, c.bthd(), b, hk, j);
       const double *R2k = ks.R2k.data() + j * dhp, *R2v = ks.R2v.data() + j * dvp;
       for (index_t x = 0; x < dh; ++x) {
         const double Fk = np > 0 ? pf.flush * (ks.maxW + 2.0) * ks.absq[at(x)] : 0.0;
@@ -123,8 +123,8 @@ void Oracle::finish_keys(index_t b, index_t hk, const KeySums& ks) {
     if (req.stored)
       for (const auto& [u, out] : fixed) {
         if (out->k.empty()) continue;
-        double* fk = Call::row(out->k, c.bthd, b, hk, j);
-        double* fv = Call::row(out->v, c.bthd, b, hk, j);
+        double* fk = Call::row(out->k, c.bthd(), b, hk, j);
+        double* fv = Call::row(out->v, c.bthd(), b, hk, j);
         for (index_t x = 0; x < dh; ++x) fk[x] = kSecondOrder * scale * (ks.Fk0[at(j * dhp + x)] + u * ks.Fk1[at(j * dhp + x)]);
         for (index_t x = 0; x < dv; ++x) fv[x] = req.stored->lse ? kSecondOrder * ks.Fv[at(j * dvp + x)] : 0.0;
       }

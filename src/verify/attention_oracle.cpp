@@ -288,9 +288,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.out[xu] = A;
       row.G1[xu] = G1;
       row.V1[xu] = V1;
-      // (prefix sums: raised by their own rounding, 2 (Tk + 1) u of the larger, so that a large
-      // earlier |v| cancelling in the difference never leaves the floor below the row's sum)
-      row.absv[xu] = row.m() > 0 ? (pe[x] - pb[x]) + 2.0 * static_cast<double>(c.s.Tk + 1) * unit_roundoff<double>() * pe[x] : 0.0;
+      row.absv[xu] = row.m() > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
       const auto ru = static_cast<std::size_t>(r);
       const double f = fs[ru];
       row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru], f);

@@ -22,6 +22,13 @@
 
 namespace oasis::verify::detail {
 
+/// An upper bound on a sum of magnitudes over a range of keys from prefix sums `lo` <= `hi` over at
+/// most n terms: each prefix is within n u of itself, so the difference is raised by 2 (n + 1) u hi
+/// (a floor's factor: never below the range's sum, however much a large earlier term cancels).
+inline double range_sum(double lo, double hi, index_t n) {
+  return (hi - lo) + 2.0 * static_cast<double>(n + 1) * unit_roundoff<double>() * hi;
+}
+
 /// One attention call as the engine holds it: inputs exact in double, in either layout.
 struct AttnCall {
   const Tensor<double>& q;

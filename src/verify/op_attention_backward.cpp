@@ -170,8 +170,17 @@ CompareReport run(const OpCall& c) {
     const Tensor<double> qd = as<double>(q), kd = as<double>(k), vd = as<double>(v);
     const AttentionCotangents<double> dd = cot(double{});
     index_t undecided = 0;
+    auto judge = [&](const AttentionGrads<double>& ref, const bounds::AttentionBackwardBounds& own, PlainBounds& pb,
+                     PlainBounds& pp) {
+      undecided = compare_outputs(rep, out,
+                                  {{"grad_q", {&ref.q, &own.q, 1.01}},
+                                   {"grad_k", {&ref.k, &own.k, 1.01}},
+                                   {"grad_v", {&ref.v, &own.v, 1.01}},
+                                   {"grad_null_logits", {&ref.null_logits, &own.null_logits, 1.01}},
+                                   {"grad_bias", {&ref.bias, &own.bias, 1.01}}},
+                                  pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+    };
     if (blocked_applies()) {
-      // the blocked oracle (attention_backward_oracle.hpp): the same reference and bounds, as products
       BackwardOracleRequest rq;
       rq.wc_double = any_f64_output();
       rq.prob = c.compare.policy != Policy::worst_case;
@@ -186,26 +195,14 @@ CompareReport run(const OpCall& c) {
                  : PlainBounds::Fn();
       PlainBounds pb([&](bool wide) { return bound_map(wide ? bo.wc_double : bo.wc_float); }, fixed),
           pp([&](bool wide) { return wide ? nan_bounds() : bound_map(bo.prob); }, fixed);
-      undecided = compare_outputs(rep, out,
-                                  {{"grad_q", {&bo.ref.q, &bo.own.q, 1.01}},
-                                   {"grad_k", {&bo.ref.k, &bo.own.k, 1.01}},
-                                   {"grad_v", {&bo.ref.v, &bo.own.v, 1.01}},
-                                   {"grad_null_logits", {&bo.ref.null_logits, &bo.own.null_logits, 1.01}},
-                                   {"grad_bias", {&bo.ref.bias, &bo.own.bias, 1.01}}},
-                                  pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+      judge(bo.ref, bo.own, pb, pp);
     } else {
       const AttentionResult<double> fwd = token_attention(qd, kd, vd, a);
       check_stored(fwd, plain_fwd_bounds(fwd));
       const AttentionGrads<double> ref = token_attention_backward(qd, kd, vd, dd, ab);
       const bounds::AttentionBackwardBounds own = bounds::attention_backward_bounds(qd, kd, vd, dd, a, fwd);
       PlainBounds pb = plain_bounds(fwd, false), pp = plain_bounds(fwd, true);
-      undecided = compare_outputs(rep, out,
-                                  {{"grad_q", {&ref.q, &own.q, 1.01}},
-                                   {"grad_k", {&ref.k, &own.k, 1.01}},
-                                   {"grad_v", {&ref.v, &own.v, 1.01}},
-                                   {"grad_null_logits", {&ref.null_logits, &own.null_logits, 1.01}},
-                                   {"grad_bias", {&ref.bias, &own.bias, 1.01}}},
-                                  pb, c.compare, kRho, c.compare.policy == Policy::worst_case ? nullptr : &pp);
+      judge(ref, own, pb, pp);
     }
     if (undecided == 0) {
       rep.oracle = "fast (double, its own error bound folded in)";

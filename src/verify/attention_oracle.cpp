@@ -16,63 +16,75 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 
-/// The per-key and per-row pieces of a row whose reference p, lse, p_null are set: from the scores
-/// (dot = <q, k_j>, Q = sum_c |q_c k_jc|, the bias) the worst-case row bound at u = 1 and the
-/// probabilistic row model. Fills r.p_wc, lse_wc, p_null_wc, p_R, lse_R, p_null_R, masked and the
-/// mixing weights w (p^2 kappa^2) of every key; last, the LSE turns into the call's convention
-/// (an exact row's keys-only LSE in mp50: keys_mp).
-void row_pieces(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias,
-                std::vector<double>& w, bounds::ProbRow& pr, const mp50* keys_mp = nullptr) {
+/// A row's logits and the u-free pieces of their errors, from its scores (dot = <q, k_j>,
+/// Q = sum_c |q_c k_jc|, the bias): z_j = scale dot_j + bias_j, the worst-case coefficient zc_j,
+/// zeta2_j (prob_bounds.hpp), the shared-event sigma = scale max_j Q_j + max_j |z_j|, and the first
+/// largest logit (zmax at arg). Keys the bias masks (r.masked) are exactly 0 in every implementation.
+struct Logits {
+  std::vector<double> z, zc, zeta2;
+  double sigma = 0, zmax = -kInf;
+  index_t arg = -1;
+};
+void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias, Logits& L) {
   const index_t m = r.m();
-  thread_local std::vector<double> z, zc, zeta2;  // reused row buffers
-  z.resize(static_cast<std::size_t>(m));
-  zc.assign(z.size(), 0.0);
-  zeta2.assign(z.size(), 0.0);
-  r.masked.assign(static_cast<std::size_t>(m), 0);
+  L.z.resize(static_cast<std::size_t>(m));  // every entry of these four set below
+  L.zc.resize(L.z.size());
+  L.zeta2.resize(L.z.size());
+  r.masked.resize(L.z.size());
+  L.zmax = -kInf;
+  L.arg = -1;
   double maxQ = 0, maxz = 0;
   for (index_t j = 0; j < m; ++j) {
     const auto ju = static_cast<std::size_t>(j);
-    const double sd = c.scale * dot[j], b = bias[j];
-    z[ju] = sd + b;
-    if (std::isinf(b)) {  // masked by the bias: exactly 0 in every implementation
-      r.masked[ju] = 1;
+    const double sd = c.scale * dot[j], b = bias[j], z = sd + b;
+    L.z[ju] = z;
+    if (z > L.zmax) {
+      L.zmax = z;
+      L.arg = j;
+    }
+    r.masked[ju] = std::isinf(b);
+    if (r.masked[ju]) {
+      L.zc[ju] = L.zeta2[ju] = 0.0;
       continue;
     }
-    zc[ju] = c.scale * static_cast<double>(c.s.d_h + 2) * Q[j] + std::abs(sd) +
-             (c.opt.bias.empty() ? 0.0 : std::abs(b) + std::abs(z[ju]));
-    zeta2[ju] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, z[ju]);
+    L.zc[ju] = c.scale * static_cast<double>(c.s.d_h + 2) * Q[j] + std::abs(sd) +
+               (c.opt.bias.empty() ? 0.0 : std::abs(b) + std::abs(z));
+    L.zeta2[ju] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, z);
     maxQ = std::max(maxQ, Q[j]);
-    maxz = std::max(maxz, std::abs(z[ju]));
+    maxz = std::max(maxz, std::abs(z));
   }
+  L.sigma = c.scale * maxQ + maxz;
+}
+
+/// The pieces of a row whose logits L and reference p, lse, p_null are set: the worst-case row
+/// bound at u = 1 and the probabilistic row model (r.p_wc, lse_wc, p_null_wc, p_R, lse_R, p_null_R,
+/// rho; pr); last, the LSE turns into the call's convention (an exact row's keys-only LSE in mp50:
+/// keys_mp).
+void row_pieces(const AttnCall& c, AttnRow& r, const Logits& L, bounds::ProbRow& pr, const mp50* keys_mp = nullptr) {
+  const index_t m = r.m();
   const double s = c.null_logit(r.h);
-  const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, z.data(), zc.data(), m, s,
-                                                std::abs(s), r.p.data(), r.p_null, r.lse);
-  pr = bounds::prob_row(c.opt.normalizer, z.data(), zeta2.data(), m, s, s * s, c.scale * maxQ + maxz, r.p.data(), r.p_null,
-                        r.lse, c.probs_needed);
-  r.p_wc = b1.p;
+  thread_local bounds::RowBound b1;  // its storage and pr's circulate with the rows' (no allocation per row)
+  bounds::row_bound_into(bounds::Precision{1.0, 0.0}, c.opt.normalizer, L.z.data(), L.zc.data(), m, s, std::abs(s),
+                         r.p.data(), r.p_null, r.lse, b1);
+  bounds::prob_row_into(c.opt.normalizer, L.z.data(), L.zeta2.data(), m, s, s * s, L.sigma, r.p.data(), r.p_null, r.lse,
+                        c.probs_needed, pr);
+  r.p_wc.swap(b1.p);
   r.lse_wc = b1.lse;
   r.p_null_wc = b1.p_null;
-  r.p_R = pr.p;
+  r.p_R.swap(pr.p);
   r.lse_R = pr.lse;
   r.p_null_R = pr.p_null;
   if (!c.lse.is_default()) {
     LseRow lr{r.lse, r.lse_mp, r.exact, r.lse_wc, r.lse_R};
-    to_convention(c.lse, RowLogits{c.opt.normalizer, z.data(), zc.data(), zeta2.data(), m, s, c.scale * maxQ + maxz,
-                                   r.p.data(), r.p_null},
+    to_convention(c.lse, RowLogits{c.opt.normalizer, L.z.data(), L.zc.data(), L.zeta2.data(), m, s, L.sigma, r.p.data(),
+                                   r.p_null},
                   keys_mp, lr);
     r.lse = lr.value;
     r.lse_mp = lr.value_mp;
     r.lse_wc = lr.wc;
     r.lse_R = lr.R;
   }
-  double rel_max = 0;
-  for (index_t j = 0; j < m; ++j) rel_max = std::max(rel_max, b1.rel[static_cast<std::size_t>(j)]);
-  r.rho = 4.0 * rel_max * unit_roundoff<double>() + 1e-9;
-  w.assign(static_cast<std::size_t>(m), 0.0);
-  for (index_t j = 0; j < m; ++j) {
-    const auto ju = static_cast<std::size_t>(j);
-    w[ju] = r.p[ju] * r.p[ju] * pr.kappa2[ju];
-  }
+  r.rho = 4.0 * b1.rel_max * unit_roundoff<double>() + 1e-9;
 }
 
 }  // namespace
@@ -140,13 +152,17 @@ void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {
 
 void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t* ts, index_t n, AttnWorkspace& ws,
                std::vector<AttnRow>& out) {
-  if (n == 0) return;
+  if (n == 0) {
+    out.clear();
+    return;
+  }
   const kernels::Gemm& g = kernels::oracle_gemm();
   const index_t b = pk.b, hk = pk.hk, dh = c.s.d_h, dv = c.s.d_v, dvp = pk.dvp;
   const bool has_null = c.opt.normalizer == RowNorm::softmax1;
   const double s = c.null_logit(h);
   // the union of the rows' visible ranges
-  std::vector<KeyRange> kr(static_cast<std::size_t>(n));
+  std::vector<KeyRange>& kr = ws.kr;
+  kr.resize(static_cast<std::size_t>(n));
   index_t lo = c.s.Tk, hi = 0;
   for (index_t r = 0; r < n; ++r) {
     kr[static_cast<std::size_t>(r)] = visible_range(c.s, c.opt, b, ts[r]);
@@ -177,55 +193,31 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   // [W2; P; W] (3n x Lp) and G (n x Lp)
   ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
   ws.W2.resize(nL);
-  std::vector<bounds::ProbRow> prs(static_cast<std::size_t>(n));
-  std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sp(static_cast<std::size_t>(n), 0.0),
-      fs(static_cast<std::size_t>(n), 1.0);
-  const std::size_t first = out.size();
-  std::vector<double> bias, w;
+  std::vector<bounds::ProbRow>& prs = ws.prs;
+  if (prs.size() < static_cast<std::size_t>(n)) prs.resize(static_cast<std::size_t>(n));
+  ws.sw.assign(static_cast<std::size_t>(n), 0.0);
+  ws.sp.assign(static_cast<std::size_t>(n), 0.0);
+  ws.fs.assign(static_cast<std::size_t>(n), 1.0);
+  const std::vector<double>&sw = ws.sw, &sp = ws.sp, &fs = ws.fs;
+  std::vector<double>& bias = ws.bias;
+  thread_local Logits lg;
+  if (c.opt.bias.empty()) bias.assign(static_cast<std::size_t>(c.s.Tk), 0.0);  // the rows' bias: 0 everywhere
+  out.resize(static_cast<std::size_t>(n));
   for (index_t r = 0; r < n; ++r) {
-    AttnRow row;
+    AttnRow& row = out[static_cast<std::size_t>(r)];
     row.b = b;
     row.h = h;
     row.t = ts[r];
     row.kr = kr[static_cast<std::size_t>(r)];
+    row.exact = false;
     row.has_null = has_null;
     const index_t m = row.m(), off = m > 0 ? row.kr.begin - lo : 0;  // a row without keys may start anywhere
     const double* dot = ws.S.data() + r * Lp + off;
     const double* Q = ws.AQ.data() + r * Lp + off;
-    bias.assign(static_cast<std::size_t>(m), 0.0);
-    if (!c.opt.bias.empty())
+    if (!c.opt.bias.empty()) {
+      bias.resize(static_cast<std::size_t>(m));
       for (index_t j = 0; j < m; ++j) bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, ts[r], row.kr.begin + j);
-    // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
-    // the maximal one, whose exponential is exactly 1)
-    row.p.assign(static_cast<std::size_t>(m), 0.0);
-    double M = has_null ? s : -kInf;
-    index_t arg = -1;  // -1: the null (or none)
-    for (index_t j = 0; j < m; ++j) {
-      const double zj = c.scale * dot[j] + bias[static_cast<std::size_t>(j)];
-      if (zj > M) {
-        M = zj;
-        arg = j;
-      }
     }
-    if (std::isinf(M)) {  // a +inf null logit: all on the null; else no term at all: the documented zero
-      row.lse = M;
-      row.p_null = M > 0 ? 1.0 : 0.0;
-    } else {
-      double rest = 0;
-      for (index_t j = 0; j < m; ++j) {
-        const double zj = c.scale * dot[j] + bias[static_cast<std::size_t>(j)];
-        const double e = std::isinf(zj) ? 0.0 : std::exp(zj - M);
-        row.p[static_cast<std::size_t>(j)] = e;
-        if (j != arg) rest += e;
-      }
-      const double en = has_null ? std::exp(s - M) : 0.0;
-      if (arg >= 0) rest += en;
-      const double S = 1.0 + rest;
-      for (auto& x : row.p) x /= S;
-      row.p_null = en / S;
-      row.lse = M + std::log1p(rest);
-    }
-    row_pieces(c, row, dot, Q, bias.data(), w, prs[static_cast<std::size_t>(r)]);
     for (double* base : {ws.P3.data() + r * Lp, ws.P3.data() + nL + r * Lp, ws.P3.data() + 2 * nL + r * Lp,
                          ws.W2.data() + r * Lp}) {
       std::fill(base, base + off, 0.0);
@@ -235,23 +227,57 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
     double* G = ws.W2.data() + r * Lp + off;
+    row_logits(c, row, dot, Q, bias.data(), lg);
+    // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
+    // the maximal one, whose exponential is exactly 1)
+    row.p.resize(static_cast<std::size_t>(m));  // set below on every path
+    double M = has_null ? s : -kInf, pmax = 0;
+    index_t arg = -1;  // -1: the null (or none)
+    if (lg.zmax > M) {
+      M = lg.zmax;
+      arg = lg.arg;
+    }
+    double* p = row.p.data();
+    if (std::isinf(M)) {  // a +inf null logit: all on the null; else no term at all: the documented zero
+      std::fill(p, p + m, 0.0);
+      std::fill(P, P + m, 0.0);
+      row.lse = M;
+      row.p_null = M > 0 ? 1.0 : 0.0;
+    } else {
+      const double* z = lg.z.data();
+      double rest = 0;
+      for (index_t j = 0; j < m; ++j) {
+        const double e = std::isinf(z[j]) ? 0.0 : std::exp(z[j] - M);
+        p[j] = e;
+        if (j != arg) rest += e;
+      }
+      const double en = has_null ? std::exp(s - M) : 0.0;
+      if (arg >= 0) rest += en;
+      const double S = 1.0 + rest;
+      for (index_t j = 0; j < m; ++j) {
+        p[j] /= S;
+        P[j] = p[j];
+        pmax = std::max(pmax, p[j]);
+      }
+      row.p_null = en / S;
+      row.lse = M + std::log1p(rest);
+    }
+    row_pieces(c, row, lg, prs[static_cast<std::size_t>(r)]);
     // the squared weights scaled by f^2 where they would underflow (prob_mix_from_sums)
-    double pmax = 0;
-    for (double x : row.p) pmax = std::max(pmax, x);
     const double f = bounds::prob_mix_scale(pmax);
-    fs[static_cast<std::size_t>(r)] = f;
-    const bounds::ProbRow& prr = prs[static_cast<std::size_t>(r)];
+    ws.fs[static_cast<std::size_t>(r)] = f;
+    const double *gj = row.p_wc.data(), *k2 = prs[static_cast<std::size_t>(r)].kappa2.data();
+    double swr = 0, spr = 0;
     for (index_t j = 0; j < m; ++j) {
-      const auto ju = static_cast<std::size_t>(j);
-      P[j] = row.p[ju];
-      G[j] = row.p_wc[ju];
-      const double fp = f * row.p[ju], wj = f == 1.0 ? w[ju] : fp * fp * prr.kappa2[ju];
+      G[j] = gj[j];
+      const double fp = f * p[j], wj = fp * fp * k2[j];
       Wr[j] = wj;
       W2[j] = wj + fp * fp;
-      sw[static_cast<std::size_t>(r)] += wj;
-      sp[static_cast<std::size_t>(r)] += row.p[ju];
+      swr += wj;
+      spr += p[j];
     }
-    out.push_back(std::move(row));
+    ws.sw[static_cast<std::size_t>(r)] = swr;
+    ws.sp[static_cast<std::size_t>(r)] = spr;
   }
   // mixing sums: [A; X1] = [P; W] V, [X2; Y2] = [W2; P] V^2, V1 = P |V|, G1 = G |V|
   ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
@@ -266,15 +292,10 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   g.gemm(ws.W2.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
   const bounds::Precision dp = bounds::Precision::of<double>();
   for (index_t r = 0; r < n; ++r) {
-    AttnRow& row = out[first + static_cast<std::size_t>(r)];
+    AttnRow& row = out[static_cast<std::size_t>(r)];
     const bounds::ProbRow& pr = prs[static_cast<std::size_t>(r)];
-    row.out.assign(static_cast<std::size_t>(dv), 0.0);
-    row.G1.assign(row.out.size(), 0.0);
-    row.V1.assign(row.out.size(), 0.0);
-    row.absv.assign(row.out.size(), 0.0);
-    row.out_R.assign(row.out.size(), 0.0);
-    row.rho_out.assign(row.out.size(), 0.0);
-    row.err_out.assign(row.out.size(), 0.0);
+    for (auto* x : {&row.out, &row.G1, &row.V1, &row.absv, &row.out_R, &row.rho_out, &row.err_out})
+      x->resize(static_cast<std::size_t>(dv));  // every entry set below
     const double* pe = pk.vabs_prefix.data() + row.kr.end * dv;
     const double* pb = pk.vabs_prefix.data() + row.kr.begin * dv;
     for (index_t x = 0; x < dv; ++x) {
@@ -360,7 +381,7 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
   for (index_t j = 0; j < m; ++j) row.p[static_cast<std::size_t>(j)] = static_cast<double>(row.p_mp[static_cast<std::size_t>(j)]);
   row.lse = static_cast<double>(row.lse_mp);
   row.p_null = static_cast<double>(row.p_null_mp);
-  std::vector<double> dot(static_cast<std::size_t>(m)), Q(dot.size()), bias(dot.size()), w;
+  std::vector<double> dot(static_cast<std::size_t>(m)), Q(dot.size()), bias(dot.size());
   const double* qr = c.qrow(b, h, t);
   for (index_t j = 0; j < m; ++j) {
     const double* kj = c.krow(b, hk, row.kr.begin + j);
@@ -374,7 +395,9 @@ AttnRow mp50_row(const AttnCall& c, index_t b, index_t h, index_t t) {
     bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, t, row.kr.begin + j);
   }
   bounds::ProbRow pr;
-  row_pieces(c, row, dot.data(), Q.data(), bias.data(), w, pr, &keys_mp);
+  Logits lg;
+  row_logits(c, row, dot.data(), Q.data(), bias.data(), lg);
+  row_pieces(c, row, lg, pr, &keys_mp);
   row.rho = 0;
   row.G1.assign(static_cast<std::size_t>(dv), 0.0);
   row.V1 = row.absv = row.out_R = row.rho_out = row.err_out = row.G1;

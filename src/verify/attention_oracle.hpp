@@ -94,6 +94,9 @@ struct AttnRow {
 /// Reusable buffers of one thread of the fast oracle.
 struct AttnWorkspace {
   std::vector<double> qb, qa, S, AQ, P3, W2, out0, out1, out2;
+  std::vector<double> sw, sp, fs, bias;  ///< per row of a block; one row's bias
+  std::vector<KeyRange> kr;
+  std::vector<bounds::ProbRow> prs;
 };
 
 /// Packed keys and values of one (b, kv head) for the fast oracle.
@@ -105,7 +108,8 @@ struct AttnPacked {
 };
 void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk);
 
-/// The fast oracle on the rows t[0..n) of query head h (kv head packed in pk): appends to `out`.
+/// The fast oracle on the rows t[0..n) of query head h (kv head packed in pk): out[0..n), reusing the
+/// storage of the rows `out` already holds.
 void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t* t, index_t n, AttnWorkspace& ws,
                std::vector<AttnRow>& out);
 

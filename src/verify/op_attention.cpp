@@ -212,7 +212,6 @@ CompareReport run(const OpCall& call) {
         std::vector<AttnRow> res;
 #pragma omp for schedule(dynamic, 1)
         for (std::size_t x = 0; x < tasks.size(); ++x) {
-          res.clear();
           fast_rows(c, pk, tasks[x].h, tasks[x].ts.data(), static_cast<index_t>(tasks[x].ts.size()), ws, res);
           for (const AttnRow& r : res) judge_row(r, (b * c.s.H + r.h) * c.s.Tq + r.t, mine, &undecided);
         }

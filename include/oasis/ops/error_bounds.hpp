@@ -70,20 +70,26 @@ struct RowBound {
   double p_null = 0;       ///< null probability
   double lse = 0;          ///< LSE1 / LSE
   std::vector<double> rel; ///< relative bound of each p_j (used by the output bound)
+  double rel_max = 0;      ///< max_j rel_j
 };
 
 /// Row normaliser bound. z: logits as computed in T (copied to double), z_err: bound on an
 /// error already present in each z (may be null = 0), s/s_err: the null logit and its error,
 /// p_ref/p_null_ref/lse_ref: exact results (double copies of the high-precision reference).
-inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
-                          double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref) {
+/// Writes into `b`, reusing its storage (hot loops call it once per row).
+inline void row_bound_into(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
+                           double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref, RowBound& b) {
   OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer",
                 "no derived error bound for ", to_string(kind), " (bounds cover softmax and softmax1)");
-  RowBound b;
-  b.p.assign(static_cast<std::size_t>(m), 0.0);
-  b.rel.assign(static_cast<std::size_t>(m), 0.0);
+  b.p.resize(static_cast<std::size_t>(m));  // every entry set below (0 where exact)
+  b.rel.resize(b.p.size());
+  b.p_null = b.lse = b.rel_max = 0;
+  auto exact = [&] {
+    std::fill(b.p.begin(), b.p.end(), 0.0);
+    std::fill(b.rel.begin(), b.rel.end(), 0.0);
+  };
   // an infinite null logit: -inf is no null term; +inf makes every result exact (p = 0, p_null = 1)
-  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return b;
+  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return exact();
   const bool has_null = kind == RowNorm::softmax1 && !std::isinf(s);
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
   index_t terms = has_null ? 1 : 0;
@@ -92,10 +98,7 @@ inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, co
     M = std::max(M, z[j]);
     ++terms;
   }
-  if (std::isinf(M)) {  // plain softmax, fully masked: documented zero, exact
-    b.lse = 0;
-    return b;
-  }
+  if (std::isinf(M)) return exact();  // plain softmax, fully masked: documented zero, exact
   const double u = pr.u;
   auto a = [&](double x) { return u * (std::abs(x - M) + 2.0); };
   double sigma = has_null ? p_null_ref * (a(s) + s_err) : 0.0;
@@ -103,14 +106,20 @@ inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, co
     if (!std::isinf(z[j])) sigma += p_ref[j] * (a(z[j]) + (z_err ? z_err[j] : 0.0));
   sigma += static_cast<double>(std::max<index_t>(terms - 1, 0)) * u;
   for (index_t j = 0; j < m; ++j) {
-    if (std::isinf(z[j])) continue;
-    const double rel = kSecondOrder * (a(z[j]) + (z_err ? z_err[j] : 0.0) + sigma + 2.0 * u);
+    const bool masked = std::isinf(z[j]);
+    const double rel = masked ? 0.0 : kSecondOrder * (a(z[j]) + (z_err ? z_err[j] : 0.0) + sigma + 2.0 * u);
     b.rel[static_cast<std::size_t>(j)] = rel;
-    b.p[static_cast<std::size_t>(j)] = rel * std::abs(p_ref[j]) + pr.p_floor;
+    b.rel_max = std::max(b.rel_max, rel);
+    b.p[static_cast<std::size_t>(j)] = masked ? 0.0 : rel * std::abs(p_ref[j]) + pr.p_floor;
   }
   if (has_null) b.p_null = kSecondOrder * (a(s) + s_err + sigma + 2.0 * u) * p_null_ref + pr.p_floor;
   const double logS = std::max(0.0, lse_ref - M);
-  b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref)) ;
+  b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref));
+}
+inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
+                          double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref) {
+  RowBound b;
+  row_bound_into(pr, kind, z, z_err, m, s, s_err, p_ref, p_null_ref, lse_ref, b);
   return b;
 }
 

@@ -59,16 +59,22 @@ inline double prob_kappa2(double zeta2, double z, double M) { return zeta2 + 2.0
 /// The row model: z (exact logits, -inf masked), zeta2 (per logit, may be null = 0), m terms; the
 /// null logit s with zeta2_s (softmax1); sigma; exact p, p_null, LSE. per_term = false leaves
 /// ProbRow::p empty (the bounds of the individual p_j are not needed).
-inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
-                        double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term = true) {
+/// prob_row writing into `r`, reusing its storage (hot loops call it once per row).
+inline void prob_row_into(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
+                          double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term, ProbRow& r) {
   OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer", "no derived error bound for ",
                 to_string(kind), " (bounds cover softmax and softmax1)");
-  ProbRow r;
-  r.kappa2.assign(static_cast<std::size_t>(m), 0.0);
-  if (per_term) r.p.assign(static_cast<std::size_t>(m), 0.0);
+  r.kappa2.resize(static_cast<std::size_t>(m));  // every entry set below (0 where exact)
+  r.p.resize(per_term ? r.kappa2.size() : 0);
+  auto exact = [&] {
+    std::fill(r.kappa2.begin(), r.kappa2.end(), 0.0);
+    std::fill(r.p.begin(), r.p.end(), 0.0);
+  };
+  r.kappa2_null = r.sk = r.lambda_terms = r.lse = r.p_null = 0;
+  r.terms = r.keys = 0;
   r.sigma = sigma;
   // an infinite null logit (as row_bound): -inf is no null term; +inf makes every result exact
-  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return r;
+  if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return exact();
   const bool has_null = kind == RowNorm::softmax1 && !std::isinf(s);
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
   for (index_t j = 0; j < m; ++j)
@@ -77,12 +83,12 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
       ++r.keys;
     }
   r.terms = r.keys + (has_null ? 1 : 0);
-  if (std::isinf(M)) return r;  // plain softmax, fully masked: the documented zero, exact
+  if (std::isinf(M)) return exact();  // plain softmax, fully masked: the documented zero, exact
   for (index_t j = 0; j < m; ++j) {
-    if (std::isinf(z[j])) continue;
-    const double k2 = prob_kappa2(zeta2 ? zeta2[j] : 0.0, z[j], M);
+    const bool masked = std::isinf(z[j]);
+    const double k2 = masked ? 0.0 : prob_kappa2(zeta2 ? zeta2[j] : 0.0, z[j], M);
     r.kappa2[static_cast<std::size_t>(j)] = k2;
-    r.sk += p_ref[j] * p_ref[j] * k2;
+    if (!masked) r.sk += p_ref[j] * p_ref[j] * k2;
   }
   if (has_null) {
     r.kappa2_null = prob_kappa2(zeta2_s, s, M);
@@ -96,12 +102,20 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
     r.p_null = p_null_ref * std::sqrt(std::max(0.0, r.kappa2_null * (1.0 - 2.0 * p_null_ref) + common +
                                                         (s - lse_ref) * (s - lse_ref) + 4.0 + sigma * sigma));
   for (index_t j = 0; j < m && per_term; ++j) {
-    if (std::isinf(z[j])) continue;
+    if (std::isinf(z[j])) {
+      r.p[static_cast<std::size_t>(j)] = 0.0;
+      continue;
+    }
     const double d = z[j] - lse_ref;
     r.p[static_cast<std::size_t>(j)] =
         p_ref[j] * std::sqrt(std::max(0.0, r.kappa2[static_cast<std::size_t>(j)] * (1.0 - 2.0 * p_ref[j]) + common + d * d +
                                                4.0 + 4.0 * sigma * sigma));
   }
+}
+inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
+                        double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term = true) {
+  ProbRow r;
+  prob_row_into(kind, z, zeta2, m, s, zeta2_s, sigma, p_ref, p_null_ref, lse_ref, per_term, r);
   return r;
 }
 

@@ -31,28 +31,32 @@ void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* 
   L.zc.resize(L.z.size());
   L.zeta2.resize(L.z.size());
   r.masked.resize(L.z.size());
-  L.zmax = -kInf;
-  L.arg = -1;
-  double maxQ = 0, maxz = 0;
+  // locals: the char stores to masked may alias anything, so fields would be reloaded every step
+  double *z = L.z.data(), *zc = L.zc.data(), *zeta2 = L.zeta2.data();
+  char* masked = r.masked.data();
+  const bool has_bias = !c.opt.bias.empty();
+  const double zc_scale = c.scale * static_cast<double>(c.s.d_h + 2);
+  double zmax = -kInf, maxQ = 0, maxz = 0;
+  index_t arg = -1;
   for (index_t j = 0; j < m; ++j) {
-    const auto ju = static_cast<std::size_t>(j);
-    const double sd = c.scale * dot[j], b = bias[j], z = sd + b;
-    L.z[ju] = z;
-    if (z > L.zmax) {
-      L.zmax = z;
-      L.arg = j;
+    const double sd = c.scale * dot[j], b = bias[j], zj = sd + b;
+    z[j] = zj;
+    if (zj > zmax) {
+      zmax = zj;
+      arg = j;
     }
-    r.masked[ju] = std::isinf(b);
-    if (r.masked[ju]) {
-      L.zc[ju] = L.zeta2[ju] = 0.0;
+    masked[j] = std::isinf(b);
+    if (masked[j]) {
+      zc[j] = zeta2[j] = 0.0;
       continue;
     }
-    L.zc[ju] = c.scale * static_cast<double>(c.s.d_h + 2) * Q[j] + std::abs(sd) +
-               (c.opt.bias.empty() ? 0.0 : std::abs(b) + std::abs(z));
-    L.zeta2[ju] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, z);
+    zc[j] = zc_scale * Q[j] + std::abs(sd) + (has_bias ? std::abs(b) + std::abs(zj) : 0.0);
+    zeta2[j] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, zj);
     maxQ = std::max(maxQ, Q[j]);
-    maxz = std::max(maxz, std::abs(z));
+    maxz = std::max(maxz, std::abs(zj));
   }
+  L.zmax = zmax;
+  L.arg = arg;
   L.sigma = c.scale * maxQ + maxz;
 }
 

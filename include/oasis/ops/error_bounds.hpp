@@ -105,13 +105,15 @@ inline void row_bound_into(const Precision& pr, RowNorm kind, const double* z, c
   for (index_t j = 0; j < m; ++j)
     if (!std::isinf(z[j])) sigma += p_ref[j] * (a(z[j]) + (z_err ? z_err[j] : 0.0));
   sigma += static_cast<double>(std::max<index_t>(terms - 1, 0)) * u;
+  double rel_max = 0;  // a local: a field of b could alias the arrays, and its store each step serialises the loop
   for (index_t j = 0; j < m; ++j) {
     const bool masked = std::isinf(z[j]);
     const double rel = masked ? 0.0 : kSecondOrder * (a(z[j]) + (z_err ? z_err[j] : 0.0) + sigma + 2.0 * u);
     b.rel[static_cast<std::size_t>(j)] = rel;
-    b.rel_max = std::max(b.rel_max, rel);
+    rel_max = std::max(rel_max, rel);
     b.p[static_cast<std::size_t>(j)] = masked ? 0.0 : rel * std::abs(p_ref[j]) + pr.p_floor;
   }
+  b.rel_max = rel_max;
   if (has_null) b.p_null = kSecondOrder * (a(s) + s_err + sigma + 2.0 * u) * p_null_ref + pr.p_floor;
   const double logS = std::max(0.0, lse_ref - M);
   b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref));

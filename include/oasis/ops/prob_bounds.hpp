@@ -77,19 +77,23 @@ inline void prob_row_into(RowNorm kind, const double* z, const double* zeta2, in
   if (kind == RowNorm::softmax1 && std::isinf(s) && s > 0) return exact();
   const bool has_null = kind == RowNorm::softmax1 && !std::isinf(s);
   double M = has_null ? s : -std::numeric_limits<double>::infinity();
+  index_t keys = 0;  // locals in the loops: a field of r could alias the arrays, and its store each step serialises
   for (index_t j = 0; j < m; ++j)
     if (!std::isinf(z[j])) {
       M = std::max(M, z[j]);
-      ++r.keys;
+      ++keys;
     }
+  r.keys = keys;
   r.terms = r.keys + (has_null ? 1 : 0);
   if (std::isinf(M)) return exact();  // plain softmax, fully masked: the documented zero, exact
+  double sk = 0;
   for (index_t j = 0; j < m; ++j) {
     const bool masked = std::isinf(z[j]);
     const double k2 = masked ? 0.0 : prob_kappa2(zeta2 ? zeta2[j] : 0.0, z[j], M);
     r.kappa2[static_cast<std::size_t>(j)] = k2;
-    if (!masked) r.sk += p_ref[j] * p_ref[j] * k2;
+    if (!masked) sk += p_ref[j] * p_ref[j] * k2;
   }
+  r.sk = sk;
   if (has_null) {
     r.kappa2_null = prob_kappa2(zeta2_s, s, M);
     r.sk += p_null_ref * p_null_ref * r.kappa2_null;

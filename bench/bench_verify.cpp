@@ -15,6 +15,7 @@
 //                                    double replay with its error estimated by a long double replay,
 //                                    docs/verify-model.md "The model level's fast oracle")
 //   BM_VerifyAnswers_attention{,_backward}_{causal,gptoss}/{correct,one_wrong,all_wrong}
+//   BM_VerifyPolicy_attention_causal_32x4096x128/{worst_case,probabilistic}
 //                                    failing fast (docs/policies.md): the same check on the correct
 //                                    outputs (gradients), on one element moved far off, and on every
 //                                    element wrong, beside the cpu_fast kernel computing the op in the
@@ -231,6 +232,30 @@ static void BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks(benc
   answers_bench(state, *p);
 }
 
+/// The forward check's cost by policy: worst_case (0: the worst-case line alone, without the three
+/// products of out's probabilistic bound) and the default probabilistic policy (1), beside the
+/// cpu_fast kernel, on the causal [1,32,4096,128] outputs of BM_VerifyAnswers.
+static void BM_VerifyPolicy_attention_causal_32x4096x128(benchmark::State& state) {
+  Problem& p = causal_fwd();
+  verify::CompareOptions co;
+  co.policy = state.range(0) == 0 ? verify::Policy::worst_case : verify::Policy::probabilistic;
+  verify::CompareReport rep;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rep = verify::check(p.op, p.in, p.out, p.options, co);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!rep.passed) abort_run("attention check did not pass:\n" + verify::format_report(rep));
+  const auto t0 = std::chrono::steady_clock::now();
+  benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, p.q, p.k, p.v, p.opt));
+  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["check_s"] = seconds;
+  state.counters["kernel_s"] = kernel_s;
+  state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
+  state.SetLabel(std::string(verify::to_string(co.policy)));
+}
+
 /// The backward check's cost by policy: worst_case (0: the worst-case line alone) and the default
 /// probabilistic policy (1: the probabilistic bound computed besides it), beside the cpu_fast kernel.
 static void BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks(benchmark::State& state) {
@@ -417,6 +442,7 @@ BENCHMARK(BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks)->DenseRange(0,
 BENCHMARK(BM_VerifyAnswers_attention_backward_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyPolicy_depth_backward_9x256x4096)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_VerifyPolicy_attention_causal_32x4096x128)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks)->DenseRange(0, 1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_causal_32x4096x128)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_Verify_attention_gptoss_64x4096x64_kv8_sinks)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();

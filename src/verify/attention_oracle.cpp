@@ -162,7 +162,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   }
   const kernels::Gemm& g = kernels::oracle_gemm();
   const index_t b = pk.b, hk = pk.hk, dh = c.s.d_h, dv = c.s.d_v, dvp = pk.dvp;
-  const bool has_null = c.opt.normalizer == RowNorm::softmax1;
+  const bool has_null = c.opt.normalizer == RowNorm::softmax1, mixR = c.mix_R_needed;
   const double s = c.null_logit(h);
   // the union of the rows' visible ranges
   std::vector<KeyRange>& kr = ws.kr;
@@ -199,10 +199,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   ws.W2.resize(nL);
   std::vector<bounds::ProbRow>& prs = ws.prs;
   if (prs.size() < static_cast<std::size_t>(n)) prs.resize(static_cast<std::size_t>(n));
-  ws.sw.assign(static_cast<std::size_t>(n), 0.0);
-  ws.sp.assign(static_cast<std::size_t>(n), 0.0);
-  ws.fs.assign(static_cast<std::size_t>(n), 1.0);
-  const std::vector<double>&sw = ws.sw, &sp = ws.sp, &fs = ws.fs;
+  for (auto* x : {&ws.sw, &ws.sp, &ws.fs}) x->resize(static_cast<std::size_t>(n));  // set by every row below
   std::vector<double>& bias = ws.bias;
   thread_local Logits lg;
   if (c.opt.bias.empty()) bias.assign(static_cast<std::size_t>(c.s.Tk), 0.0);  // the rows' bias: 0 everywhere
@@ -222,11 +219,13 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       bias.resize(static_cast<std::size_t>(m));
       for (index_t j = 0; j < m; ++j) bias[static_cast<std::size_t>(j)] = attention_bias(c.opt, b, h, ts[r], row.kr.begin + j);
     }
-    for (double* base : {ws.P3.data() + r * Lp, ws.P3.data() + nL + r * Lp, ws.P3.data() + 2 * nL + r * Lp,
-                         ws.W2.data() + r * Lp}) {
+    auto clear_outside = [&](double* base) {  // the columns outside the row's keys
       std::fill(base, base + off, 0.0);
       std::fill(base + off + m, base + Lp, 0.0);
-    }
+    };
+    clear_outside(ws.P3.data() + nL + r * Lp);
+    clear_outside(ws.W2.data() + r * Lp);
+    if (mixR) clear_outside(ws.P3.data() + r * Lp), clear_outside(ws.P3.data() + 2 * nL + r * Lp);  // R's weights
     double* W2 = ws.P3.data() + r * Lp + off;
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
@@ -272,7 +271,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     ws.fs[static_cast<std::size_t>(r)] = f;
     const double *gj = row.p_wc.data(), *k2 = prs[static_cast<std::size_t>(r)].kappa2.data();
     double swr = 0, spr = 0;
-    for (index_t j = 0; j < m; ++j) {
+    for (index_t j = 0; j < m && !mixR; ++j) G[j] = gj[j];
+    for (index_t j = 0; j < m && mixR; ++j) {
       G[j] = gj[j];
       const double fp = f * p[j], wj = fp * fp * k2[j];
       Wr[j] = wj;
@@ -283,15 +283,16 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     ws.sw[static_cast<std::size_t>(r)] = swr;
     ws.sp[static_cast<std::size_t>(r)] = spr;
   }
-  // mixing sums: [A; X1] = [P; W] V, [X2; Y2] = [W2; P] V^2, V1 = P |V|, G1 = G |V|
+  // mixing sums: [A; X1] = [P; W] V, [X2; Y2] = [W2; P] V^2, V1 = P |V|, G1 = G |V| (without R:
+  // A = P V, V1 and G1)
   ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
   ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
   ws.out2.resize(static_cast<std::size_t>(2 * n * dvp));
   const double* vx = pk.vx.data() + lo * 3 * dvp;
   const index_t ldv = 3 * dvp;
   // the rows of a block's window past hi hold zero weights; the products stop at L
-  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, 2 * n, dvp, L, false);
-  g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, 2 * n, dvp, L, false);
+  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
+  if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, 2 * n, dvp, L, false);
   g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
   g.gemm(ws.W2.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
   const bounds::Precision dp = bounds::Precision::of<double>();
@@ -305,29 +306,31 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     for (index_t x = 0; x < dv; ++x) {
       const auto xu = static_cast<std::size_t>(x);
       const double A = ws.out0[static_cast<std::size_t>(r * dvp + x)];
-      const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
       const double V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
       const double G1 = ws.out1[static_cast<std::size_t>((n + r) * dvp + x)];
-      const double X2 = ws.out2[static_cast<std::size_t>(r * dvp + x)];
-      const double Y2 = ws.out2[static_cast<std::size_t>((n + r) * dvp + x)];
       row.out[xu] = A;
       row.G1[xu] = G1;
       row.V1[xu] = V1;
       row.absv[xu] = row.m() > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
-      const auto ru = static_cast<std::size_t>(r);
-      const double f = fs[ru];
-      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw[ru], Y2, sp[ru], f);
       // the pieces at the double reference: p within its relative error, A within eA, and the
       // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
       const double eA = row.out_bounds(x, dp).wc;
       row.err_out[xu] = eA;
+      row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min());
+      row.out_R[xu] = 0.0;
+      if (!mixR) continue;
+      const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
+      const double X2 = ws.out2[static_cast<std::size_t>(r * dvp + x)];
+      const double Y2 = ws.out2[static_cast<std::size_t>((n + r) * dvp + x)];
+      const auto ru = static_cast<std::size_t>(r);
+      const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
+      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw, Y2, sp, f);
       // (scaled rows: every term times f^2, R f against it)
       const double fA = f * A;
-      const double mag = X2 + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw[ru])) + fA * fA * (2.0 + sp[ru]) +
-                         pr.sigma * pr.sigma * (f * sp[ru]) * f * (Y2 + A * A * (2.0 + sp[ru]));
+      const double mag = X2 + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
+                         pr.sigma * pr.sigma * (f * sp) * f * (Y2 + A * A * (2.0 + sp));
       const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
-      row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min()) +
-                        (R2 > 0 ? 1e-14 * mag / R2 : 0.0);
+      row.rho_out[xu] += R2 > 0 ? 1e-14 * mag / R2 : 0.0;
     }
   }
 }

@@ -38,6 +38,7 @@ struct AttnCall {
   AttentionShape s;
   double scale;                 ///< opt.scale or 1/sqrt(d_h) in double
   bool probs_needed = true;     ///< the bounds of the individual probabilities are computed
+  bool mix_R_needed = true;     ///< the fast oracle computes R of out (no policy but worst_case reads it)
   LseConvention lse;            ///< the convention of AttnRow::lse (lse_convention.hpp)
 
   AttnCall(const Tensor<double>& q_, const Tensor<double>& k_, const Tensor<double>& v_, const AttentionOptions& o);
@@ -78,7 +79,7 @@ struct AttnRow {
   double lse_wc = 0, p_null_wc = 0;
   std::vector<double> G1, V1, absv;      ///< per c
   // probabilistic pieces (R, units of u)
-  std::vector<double> p_R, out_R;
+  std::vector<double> p_R, out_R;        ///< out_R: 0 where AttnCall::mix_R_needed is false
   double lse_R = 0, p_null_R = 0;
   double rho = 0;                        ///< relative uncertainty of the pieces (fast oracle)
   std::vector<double> rho_out;           ///< per c, for out

@@ -120,6 +120,7 @@ CompareReport run(const OpCall& call) {
   const AttentionOptions a = attention_call_options(o, in);
   AttnCall c(q.values, k.values, v.values, a);
   c.probs_needed = out.count("probs") > 0;
+  c.mix_R_needed = copt.policy != Policy::worst_case;  // allowed_terms reads no probabilistic bound there
   c.lse = lse_convention(o);
   const Shape out_shape = c.bthd() ? Shape{c.s.B, c.s.Tq, c.s.H, c.s.d_v} : Shape{c.s.B, c.s.H, c.s.Tq, c.s.d_v};
   const std::map<std::string, std::pair<Kind, Shape>> known = {

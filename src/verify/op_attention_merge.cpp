@@ -224,7 +224,7 @@ void row_pieces(const MergeCall& c, index_t r, const std::vector<double>& z, con
                                                 w.data(), pn_term, L);
   const bounds::ProbRow pr = bounds::prob_row(kind, z.data(), zeta2.data(), c.S, s, zeta2_s, shared, w.data(), pn_term, L, false);
   const auto ru = static_cast<std::size_t>(r);
-  for (double x : b1.rel) P.max_rel = std::max(P.max_rel, x);
+  P.max_rel = std::max(P.max_rel, b1.rel_max);
   P.n[ru] = n;
   if (merge) {
     P.pn_wc[ru] = b1.p_null;

@@ -222,10 +222,10 @@ TEST(ComparePolicy, GrossMistakeIsFailCertain) {
   EXPECT_NE(verify::report_json(rep).find("\"verdict\":\"FAIL-certain\""), std::string::npos);
 }
 
-// The fast oracle gives the mp50 oracle's verdicts: on a case with GQA, padding and sinks, for
-// f32, bf16 and f64 outputs (f64: the library's double reference, whose errors are of the order
-// of the double oracle's own error, so that its rows are recomputed in mp50), and for f32 and
-// bf16 the same worst ratios to 1e-6 (the fast oracle's reference is within ~1e-16 of the exact
+// The fast oracle gives the mp50 oracle's verdicts, under the probabilistic and the worst-case
+// policy: on a case with GQA, padding and sinks, for f32, bf16 and f64 outputs (f64: the library's
+// double reference, whose errors are of the order of the double oracle's own error, so that under
+// the probabilistic policy its rows are recomputed in mp50), and for f32 and bf16 the same worst ratios to 1e-6 (the fast oracle's reference is within ~1e-16 of the exact
 // one, the errors are ~1e-8; for f64 the two differ by as much as the errors themselves).
 TEST(ComparePolicy, FastOracleAgreesWithMp50) {
   zoo::Case c = zoo::make_case("agree", 2, 4, 2, 9, 13, 16, true, true, 1.0, 1.0, 77);
@@ -249,24 +249,31 @@ TEST(ComparePolicy, FastOracleAgreesWithMp50) {
         opts += b;
       }
       const io::json::Value ov = io::json::parse(opts + "]}");
-      verify::CompareOptions fast, slow;
-      slow.oracle = verify::Oracle::mp50;
-      const verify::CompareReport rf = verify::check("attention", zoo::inputs_of(c), out, ov, fast);
-      const verify::CompareReport rs = verify::check("attention", zoo::inputs_of(c), out, ov, slow);
-      ASSERT_EQ(rf.tensors.size(), rs.tensors.size());
-      EXPECT_EQ(rf.passed, rs.passed) << im.name;
-      if (d == io::DType::f64) {
-        EXPECT_TRUE(rf.passed) << verify::format_report(rf);
-        EXPECT_EQ(rf.oracle.find("; 0 of"), std::string::npos) << rf.oracle;  // rows recomputed in mp50
-      }
-      for (std::size_t i = 0; i < rf.tensors.size(); ++i) {
-        const auto &a = rf.tensors[i], &b = rs.tensors[i];
-        EXPECT_EQ(a.violations, b.violations) << im.name << " " << a.name;
-        EXPECT_EQ(a.violations_certain, b.violations_certain) << im.name << " " << a.name;
-        if (d == io::DType::f64) continue;
-        EXPECT_NEAR(a.worst_ratio, b.worst_ratio, 1e-6 * std::max(1.0, b.worst_ratio)) << im.name << " " << a.name;
-        EXPECT_NEAR(a.worst_ratio_certain, b.worst_ratio_certain, 1e-6 * std::max(1.0, b.worst_ratio_certain))
-            << im.name << " " << a.name;
+      // worst_case: the fast oracle leaves out the probabilistic bound's products
+      for (verify::Policy pol : {verify::Policy::probabilistic, verify::Policy::worst_case}) {
+        verify::CompareOptions fast, slow;
+        fast.policy = slow.policy = pol;
+        slow.oracle = verify::Oracle::mp50;
+        const verify::CompareReport rf = verify::check("attention", zoo::inputs_of(c), out, ov, fast);
+        const verify::CompareReport rs = verify::check("attention", zoo::inputs_of(c), out, ov, slow);
+        const std::string what = im.name + " " + std::string(to_string(pol));
+        ASSERT_EQ(rf.tensors.size(), rs.tensors.size());
+        EXPECT_EQ(rf.passed, rs.passed) << what;
+        if (d == io::DType::f64) {
+          EXPECT_TRUE(rf.passed) << verify::format_report(rf);
+          // rows recomputed in mp50 (the certain line, twice the worst case, leaves room for the
+          // oracle's own error: worst_case may decide them all in double)
+          if (pol == verify::Policy::probabilistic) EXPECT_EQ(rf.oracle.find("; 0 of"), std::string::npos) << rf.oracle;
+        }
+        for (std::size_t i = 0; i < rf.tensors.size(); ++i) {
+          const auto &a = rf.tensors[i], &b = rs.tensors[i];
+          EXPECT_EQ(a.violations, b.violations) << what << " " << a.name;
+          EXPECT_EQ(a.violations_certain, b.violations_certain) << what << " " << a.name;
+          if (d == io::DType::f64) continue;
+          EXPECT_NEAR(a.worst_ratio, b.worst_ratio, 1e-6 * std::max(1.0, b.worst_ratio)) << what << " " << a.name;
+          EXPECT_NEAR(a.worst_ratio_certain, b.worst_ratio_certain, 1e-6 * std::max(1.0, b.worst_ratio_certain))
+              << what << " " << a.name;
+        }
       }
     }
 }

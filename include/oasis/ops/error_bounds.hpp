@@ -76,7 +76,7 @@ struct RowBound {
 /// Row normaliser bound. z: logits as computed in T (copied to double), z_err: bound on an
 /// error already present in each z (may be null = 0), s/s_err: the null logit and its error,
 /// p_ref/p_null_ref/lse_ref: exact results (double copies of the high-precision reference).
-/// Writes into `b`, reusing its storage (hot loops call it once per row).
+/// Written into `b`, its storage reused (hot loops call it once per row).
 inline void row_bound_into(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
                            double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref, RowBound& b) {
   OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer",
@@ -118,6 +118,7 @@ inline void row_bound_into(const Precision& pr, RowNorm kind, const double* z, c
   const double logS = std::max(0.0, lse_ref - M);
   b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref));
 }
+/// row_bound_into on a fresh RowBound.
 inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,
                           double s, double s_err, const double* p_ref, double p_null_ref, double lse_ref) {
   RowBound b;

@@ -56,10 +56,10 @@ struct ProbRow {
 /// kappa^2 of a term with logit z (own-event coefficient sum of squares zeta2) and maximum M.
 inline double prob_kappa2(double zeta2, double z, double M) { return zeta2 + 2.0 * (z - M) * (z - M) + 5.0; }
 
-/// The row model: z (exact logits, -inf masked), zeta2 (per logit, may be null = 0), m terms; the
-/// null logit s with zeta2_s (softmax1); sigma; exact p, p_null, LSE. per_term = false leaves
-/// ProbRow::p empty (the bounds of the individual p_j are not needed).
-/// prob_row writing into `r`, reusing its storage (hot loops call it once per row).
+/// The row model, written into `r` (its storage reused: hot loops call it once per row): z (exact
+/// logits, -inf masked), zeta2 (per logit, may be null = 0), m terms; the null logit s with zeta2_s
+/// (softmax1); sigma; exact p, p_null, LSE. per_term = false leaves ProbRow::p empty (the bounds of
+/// the individual p_j are not needed).
 inline void prob_row_into(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
                           double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term, ProbRow& r) {
   OASIS_REQUIRE(kind == RowNorm::softmax || kind == RowNorm::softmax1, "normalizer", "no derived error bound for ",
@@ -116,6 +116,7 @@ inline void prob_row_into(RowNorm kind, const double* z, const double* zeta2, in
                                                4.0 + 4.0 * sigma * sigma));
   }
 }
+/// prob_row_into on a fresh ProbRow.
 inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,
                         double sigma, const double* p_ref, double p_null_ref, double lse_ref, bool per_term = true) {
   ProbRow r;

@@ -173,6 +173,19 @@ static void verify_bench(benchmark::State& state, Problem& p) {
   state.SetLabel(rep.oracle);
 }
 
+/// Seconds of one call of the cpu_fast kernel computing `p`'s op (attention or its backward).
+static double kernel_seconds(const Problem& p) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (p.op == "attention") {
+    benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, p.q, p.k, p.v, p.opt));
+  } else {
+    AttentionCotangents<float> dc;
+    dc.out = p.dout;
+    benchmark::DoNotOptimize(token_attention_backward(Backend::cpu_fast, p.q, p.k, p.v, dc, p.opt));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 /// Failing fast: one check of `p`'s outputs as they are (0), with one element moved far off (1) or
 /// with every element wrong (2), beside the cpu_fast kernel computing the same op in the same run.
 static void answers_bench(benchmark::State& state, Problem& p) {
@@ -192,15 +205,7 @@ static void answers_bench(benchmark::State& state, Problem& p) {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (rep.passed != (which == 0)) abort_run(p.op + ": unexpected verdict\n" + verify::format_report(rep));
-  const auto t0 = std::chrono::steady_clock::now();
-  if (p.op == "attention") {
-    benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, p.q, p.k, p.v, p.opt));
-  } else {
-    AttentionCotangents<float> dc;
-    dc.out = p.dout;
-    benchmark::DoNotOptimize(token_attention_backward(Backend::cpu_fast, p.q, p.k, p.v, dc, p.opt));
-  }
-  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double kernel_s = kernel_seconds(p);
   bool certain = false;
   for (const auto& t : rep.tensors) certain = certain || t.certain_failure;
   state.counters["check_s"] = seconds;
@@ -232,11 +237,9 @@ static void BM_VerifyAnswers_attention_backward_gptoss_64x4096x64_kv8_sinks(benc
   answers_bench(state, *p);
 }
 
-/// The forward check's cost by policy: worst_case (0: the worst-case line alone, without the three
-/// products of out's probabilistic bound) and the default probabilistic policy (1), beside the
-/// cpu_fast kernel, on the causal [1,32,4096,128] outputs of BM_VerifyAnswers.
-static void BM_VerifyPolicy_attention_causal_32x4096x128(benchmark::State& state) {
-  Problem& p = causal_fwd();
+/// A check's cost by policy: worst_case (0: the worst-case line alone) and the default
+/// probabilistic policy (1: the probabilistic bound computed besides it), beside the cpu_fast kernel.
+static void policy_bench(benchmark::State& state, Problem& p) {
   verify::CompareOptions co;
   co.policy = state.range(0) == 0 ? verify::Policy::worst_case : verify::Policy::probabilistic;
   verify::CompareReport rep;
@@ -246,39 +249,19 @@ static void BM_VerifyPolicy_attention_causal_32x4096x128(benchmark::State& state
     rep = verify::check(p.op, p.in, p.out, p.options, co);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (!rep.passed) abort_run("attention check did not pass:\n" + verify::format_report(rep));
-  const auto t0 = std::chrono::steady_clock::now();
-  benchmark::DoNotOptimize(token_attention(Backend::cpu_fast, p.q, p.k, p.v, p.opt));
-  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!rep.passed) abort_run(p.op + " check did not pass:\n" + verify::format_report(rep));
+  const double kernel_s = kernel_seconds(p);
   state.counters["check_s"] = seconds;
   state.counters["kernel_s"] = kernel_s;
   state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
   state.SetLabel(std::string(verify::to_string(co.policy)));
 }
-
-/// The backward check's cost by policy: worst_case (0: the worst-case line alone) and the default
-/// probabilistic policy (1: the probabilistic bound computed besides it), beside the cpu_fast kernel.
+/// The forward on the causal [1,32,4096,128] outputs of BM_VerifyAnswers: under worst_case the
+/// fast oracle leaves out the three products of out's probabilistic bound.
+static void BM_VerifyPolicy_attention_causal_32x4096x128(benchmark::State& state) { policy_bench(state, causal_fwd()); }
 static void BM_VerifyPolicy_attention_backward_gptoss_8x1024x64_sinks(benchmark::State& state) {
   static std::unique_ptr<Problem> p = attention_backward_problem(8, 8, 1024, 64, true);
-  verify::CompareOptions co;
-  co.policy = state.range(0) == 0 ? verify::Policy::worst_case : verify::Policy::probabilistic;
-  verify::CompareReport rep;
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    rep = verify::check(p->op, p->in, p->out, p->options, co);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  if (!rep.passed) abort_run("attention_backward check did not pass:\n" + verify::format_report(rep));
-  AttentionCotangents<float> dc;
-  dc.out = p->dout;
-  const auto t0 = std::chrono::steady_clock::now();
-  benchmark::DoNotOptimize(token_attention_backward(Backend::cpu_fast, p->q, p->k, p->v, dc, p->opt));
-  const double kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  state.counters["check_s"] = seconds;
-  state.counters["kernel_s"] = kernel_s;
-  state.counters["check_per_kernel"] = kernel_s > 0 ? seconds / kernel_s : 0.0;
-  state.SetLabel(std::string(verify::to_string(co.policy)));
+  policy_bench(state, *p);
 }
 
 /// The depth backward's check by policy (0: worst_case, 1: the default probabilistic policy), both

@@ -225,7 +225,10 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     };
     clear_outside(ws.P3.data() + nL + r * Lp);
     clear_outside(ws.W2.data() + r * Lp);
-    if (mixR) clear_outside(ws.P3.data() + r * Lp), clear_outside(ws.P3.data() + 2 * nL + r * Lp);  // R's weights
+    if (mixR) {  // R's weights
+      clear_outside(ws.P3.data() + r * Lp);
+      clear_outside(ws.P3.data() + 2 * nL + r * Lp);
+    }
     double* W2 = ws.P3.data() + r * Lp + off;
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
@@ -271,14 +274,17 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     ws.fs[static_cast<std::size_t>(r)] = f;
     const double *gj = row.p_wc.data(), *k2 = prs[static_cast<std::size_t>(r)].kappa2.data();
     double swr = 0, spr = 0;
-    for (index_t j = 0; j < m && !mixR; ++j) G[j] = gj[j];
-    for (index_t j = 0; j < m && mixR; ++j) {
-      G[j] = gj[j];
-      const double fp = f * p[j], wj = fp * fp * k2[j];
-      Wr[j] = wj;
-      W2[j] = wj + fp * fp;
-      swr += wj;
-      spr += p[j];
+    if (!mixR) {
+      std::copy(gj, gj + m, G);
+    } else {
+      for (index_t j = 0; j < m; ++j) {
+        G[j] = gj[j];
+        const double fp = f * p[j], wj = fp * fp * k2[j];
+        Wr[j] = wj;
+        W2[j] = wj + fp * fp;
+        swr += wj;
+        spr += p[j];
+      }
     }
     ws.sw[static_cast<std::size_t>(r)] = swr;
     ws.sp[static_cast<std::size_t>(r)] = spr;
@@ -314,10 +320,10 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.absv[xu] = row.m() > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
       // the pieces at the double reference: p within its relative error, A within eA, and the
       // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
+      row.out_R[xu] = 0.0;  // set below with R (out_bounds' probabilistic part, unused here, reads it)
       const double eA = row.out_bounds(x, dp).wc;
       row.err_out[xu] = eA;
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min());
-      row.out_R[xu] = 0.0;
       if (!mixR) continue;
       const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
       const double X2 = ws.out2[static_cast<std::size_t>(r * dvp + x)];

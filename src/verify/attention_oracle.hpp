@@ -82,7 +82,7 @@ struct AttnRow {
   std::vector<double> p_R, out_R;        ///< out_R: 0 where AttnCall::mix_R_needed is false
   double lse_R = 0, p_null_R = 0;
   double rho = 0;                        ///< relative uncertainty of the pieces (fast oracle)
-  std::vector<double> rho_out;           ///< per c, for out
+  std::vector<double> rho_out;           ///< per c, for out (R's cancellation term only with R)
   std::vector<double> err_out;           ///< per c: the fast oracle's own error bound on out (0 when exact)
 
   index_t m() const { return kr.count(); }

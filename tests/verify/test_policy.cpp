@@ -225,8 +225,9 @@ TEST(ComparePolicy, GrossMistakeIsFailCertain) {
 // The fast oracle gives the mp50 oracle's verdicts, under the probabilistic and the worst-case
 // policy: on a case with GQA, padding and sinks, for f32, bf16 and f64 outputs (f64: the library's
 // double reference, whose errors are of the order of the double oracle's own error, so that under
-// the probabilistic policy its rows are recomputed in mp50), and for f32 and bf16 the same worst ratios to 1e-6 (the fast oracle's reference is within ~1e-16 of the exact
-// one, the errors are ~1e-8; for f64 the two differ by as much as the errors themselves).
+// the probabilistic policy its rows are recomputed in mp50), and for f32 and bf16 the same worst
+// ratios to 1e-6 (the fast oracle's reference is within ~1e-16 of the exact one, the errors are
+// ~1e-8; for f64 the two differ by as much as the errors themselves).
 TEST(ComparePolicy, FastOracleAgreesWithMp50) {
   zoo::Case c = zoo::make_case("agree", 2, 4, 2, 9, 13, 16, true, true, 1.0, 1.0, 77);
   c.opt.key_lengths = {13, 6};

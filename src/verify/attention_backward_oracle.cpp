@@ -125,12 +125,11 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     // the forward's probability bounds at u = 1 (attention_bounds: P_j = u p1_j + 2 denorm_min)
     for (index_t j = 0; j < m; ++j) {
       const double bj = w.bias[at(j)], sd = scale * S[j];
-      w.zc[at(j)] = std::isinf(bj) ? 0.0
-                                   : scale * static_cast<double>(dh + 2) * AQ[j] + std::abs(sd) +
-                                         (has_bias ? std::abs(bj) + std::abs(sd + bj) : 0.0);
+      w.zc[at(j)] = std::isinf(bj) ? 0.0 : bounds::score_error(dh, scale, AQ[j], sd, bj, has_bias);
     }
-    const bounds::RowBound b1 = bounds::row_bound(bounds::Precision{1.0, 0.0}, c.opt.normalizer, w.z.data(), w.zc.data(),
-                                                  m, sl, std::abs(sl), w.p.data(), pn, lse);
+    bounds::row_bound_into(bounds::Precision{1.0, 0.0}, c.opt.normalizer, w.z.data(), w.zc.data(), m, sl, std::abs(sl),
+                           w.p.data(), pn, lse, w.rb);
+    const bounds::RowBound& b1 = w.rb;
     const double Pn1 = c.has_null ? b1.p_null : 0.0;
     if (req.stored) {
       res.fwd_float.lse(b, h, t) = bounds::Precision::of<float>().u * b1.lse;
@@ -173,8 +172,9 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
         maxQ = std::max(maxQ, AQ[j]);
         maxz = std::max(maxz, std::abs(w.z[at(j)]));
       }
-      const bounds::ProbRow pr = bounds::prob_row(c.opt.normalizer, w.z.data(), w.zeta2.data(), m, sl, sl * sl,
-                                                  scale * maxQ + maxz, w.p.data(), pn, lse, false);
+      bounds::prob_row_into(c.opt.normalizer, w.z.data(), w.zeta2.data(), m, sl, sl * sl, scale * maxQ + maxz, w.p.data(),
+                            pn, lse, false, w.pr);
+      const bounds::ProbRow& pr = w.pr;
       info.RL = std::sqrt(sq(pr.lse) + sq(lse)) + 2.0 * pr.sigma;
       RD2 = sq(pn * dpn) * kap2n;
       for (index_t j = 0; j < m; ++j) {

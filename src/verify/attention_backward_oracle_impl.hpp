@@ -87,6 +87,8 @@ struct Work {
   Vec LK, LA, L2, LX;  // the products' weights, row-major [rows x keys] blocks (Oracle::tile)
   Vec T;               // their transposes, [keys x rows] blocks
   Vec z, zc, p, x, dz, zeta2, kap2, Rdp, bias;
+  bounds::RowBound rb;  // a row's bounds, their storage reused
+  bounds::ProbRow pr;
   Vec vx, va, vpre, CO, CV1, CG1;                             // the stored forward's
   index_t part = 0;  ///< the part of the (batch, kv head) pair being computed (Oracle::parts)
 };

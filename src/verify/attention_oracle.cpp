@@ -35,7 +35,6 @@ void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* 
   double *z = L.z.data(), *zc = L.zc.data(), *zeta2 = L.zeta2.data();
   char* masked = r.masked.data();
   const bool has_bias = !c.opt.bias.empty();
-  const double zc_scale = c.scale * static_cast<double>(c.s.d_h + 2);
   double zmax = -kInf, maxQ = 0, maxz = 0;
   index_t arg = -1;
   for (index_t j = 0; j < m; ++j) {
@@ -50,7 +49,7 @@ void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* 
       zc[j] = zeta2[j] = 0.0;
       continue;
     }
-    zc[j] = zc_scale * Q[j] + std::abs(sd) + (has_bias ? std::abs(b) + std::abs(zj) : 0.0);
+    zc[j] = bounds::score_error(c.s.d_h, c.scale, Q[j], sd, b, has_bias);
     zeta2[j] = bounds::score_zeta2(c.s.d_h, c.scale, Q[j], sd, b, zj);
     maxQ = std::max(maxQ, Q[j]);
     maxz = std::max(maxz, std::abs(zj));
@@ -196,7 +195,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   // the weights of the mixing sums, stacked so that each product reads adjacent rows:
   // [W2; P; W] (3n x Lp) and G (n x Lp)
   ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
-  ws.W2.resize(nL);
+  ws.G.resize(nL);
   std::vector<bounds::ProbRow>& prs = ws.prs;
   if (prs.size() < static_cast<std::size_t>(n)) prs.resize(static_cast<std::size_t>(n));
   for (auto* x : {&ws.sw, &ws.sp, &ws.fs}) x->resize(static_cast<std::size_t>(n));  // set by every row below
@@ -224,7 +223,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       std::fill(base + off + m, base + Lp, 0.0);
     };
     clear_outside(ws.P3.data() + nL + r * Lp);
-    clear_outside(ws.W2.data() + r * Lp);
+    clear_outside(ws.G.data() + r * Lp);
     if (mixR) {  // R's weights
       clear_outside(ws.P3.data() + r * Lp);
       clear_outside(ws.P3.data() + 2 * nL + r * Lp);
@@ -232,7 +231,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     double* W2 = ws.P3.data() + r * Lp + off;
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
-    double* G = ws.W2.data() + r * Lp + off;
+    double* G = ws.G.data() + r * Lp + off;
     row_logits(c, row, dot, Q, bias.data(), lg);
     // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
     // the maximal one, whose exponential is exactly 1)
@@ -300,7 +299,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
   if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, 2 * n, dvp, L, false);
   g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
-  g.gemm(ws.W2.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
+  g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
   const bounds::Precision dp = bounds::Precision::of<double>();
   for (index_t r = 0; r < n; ++r) {
     AttnRow& row = out[static_cast<std::size_t>(r)];

@@ -94,7 +94,7 @@ struct AttnRow {
 
 /// Reusable buffers of one thread of the fast oracle.
 struct AttnWorkspace {
-  std::vector<double> qb, qa, S, AQ, P3, W2, out0, out1, out2;
+  std::vector<double> qb, qa, S, AQ, P3, G, out0, out1, out2;
   std::vector<double> sw, sp, fs, bias;  ///< per row of a block; one row's bias
   std::vector<KeyRange> kr;
   std::vector<bounds::ProbRow> prs;

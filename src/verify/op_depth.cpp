@@ -70,9 +70,7 @@ void token_pieces(const DepthCall& c, TokenRow& r, const double* psi) {
     r.dgp_null = std::max(0.0, r.tb.rb.p_null - t0.rb.p_null);
   }
   r.pr = bounds::prob_depth_row(r.tb, c.beta1, c.opt, r.g.data(), r.dpsi.data(), r.alpha.data(), r.alpha_null);
-  double rel_max = 0;
-  for (double x : r.tb.rb.rel) rel_max = std::max(rel_max, x);
-  r.rho = 4.0 * rel_max * oasis::unit_roundoff<double>() + 1e-9;
+  r.rho = 4.0 * r.tb.rb.rel_max * oasis::unit_roundoff<double>() + 1e-9;
   if (!c.sources) return;
   const std::size_t d = static_cast<std::size_t>(c.d);
   std::vector<double> X1(d, 0.0), X2(d, 0.0), Y2(d, 0.0);

@@ -56,6 +56,12 @@ struct Precision {
   }
 };
 
+/// The error coefficient D_j / u of a finite score z = scale <q, k> + bias (the header's formula):
+/// Q = sum_c |q_c k_c|, sd = scale <q, k>; the bias's rounding and addition only with a bias.
+inline double score_error(index_t d_h, double scale, double Q, double sd, double bias, bool has_bias) {
+  return scale * static_cast<double>(d_h + 2) * Q + std::abs(sd) + (has_bias ? std::abs(bias) + std::abs(sd + bias) : 0.0);
+}
+
 /// Absolute floor of a mixture sum_{j<m} p_j v_j: the final rounding near zero (p_floor) and,
 /// per product p_j v_j that falls below the normal range, an absolute rounding error of at most
 /// denorm_min / 2 = p_floor / 4 that the relative model does not cover; flushing, per key a
@@ -180,9 +186,7 @@ AttentionBounds attention_bounds(const Tensor<T>& q, const Tensor<T>& k, const T
           z[static_cast<std::size_t>(j)] = scale * dot + bias;
           // the bias: rounded to T (u |b|) and added (u |z|)
           zerr[static_cast<std::size_t>(j)] =
-              std::isinf(bias) ? 0.0
-                               : scale * u * (static_cast<double>(s.d_h) + 2.0) * absdot + u * std::abs(scale * dot) +
-                                     (opt.bias.empty() ? 0.0 : u * std::abs(bias) + u * std::abs(scale * dot + bias));
+              std::isinf(bias) ? 0.0 : u * score_error(s.d_h, scale, absdot, scale * dot, bias, !opt.bias.empty());
           p[static_cast<std::size_t>(j)] = static_cast<double>(ref.probs(bb, h, t, key));
         }
         const RowBound rb = row_bound(pr, opt.normalizer, z.data(), zerr.data(), m, sl, s_err, p.data(),

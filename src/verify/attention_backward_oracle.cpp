@@ -248,11 +248,8 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     g.gemm(w.LA.data(), Lp, w.ka.data() + lo * dhp, dhp, w.CA.data(), dhp, la * n, dhp, L, false);
     g.gemm(w.L2.data(), Lp, w.k2.data() + lo * dhp, dhp, w.C2.data(), dhp, n, dhp, L, false);
     // the dk and dv sides: sums over the tile's rows, C[lo + j] += W^T B for a weight block W
-    const std::size_t nT = at(L * n);
-    w.T.resize(nT);
     auto acc = [&](const double* W, const Vec& B, Vec& C, index_t ld) {
-      transpose(W, Lp, n, L, w.T.data());
-      g.gemm(w.T.data(), n, B.data(), ld, C.data() + lo * ld, ld, L, ld, n, true);
+      g.gemm_at(W, Lp, B.data(), ld, C.data() + lo * ld, ld, L, ld, n, true);
     };
     acc(w.LK.data(), w.qB, ks.gk, dhp), acc(w.LA.data(), w.qaB, ks.SkZ1, dhp), acc(w.LA.data() + nL, w.qaB, ks.Ak, dhp);
     acc(w.LK.data() + nL, w.oB, ks.gv, dvp), acc(w.LK.data() + nL, w.oaB, ks.Av, dvp), acc(w.LX.data(), w.oaB, ks.Sv1, dvp);

@@ -85,25 +85,12 @@ struct Work {
   Vec qb, qa, qB, qaB, q2B, ob, oa, oB, oaB, o2B;             // the tile's rows
   Vec S, AQ, dP, AX, CK, CA, C2;                              // row-major [rows x keys] and products
   Vec LK, LA, L2, LX;  // the products' weights, row-major [rows x keys] blocks (Oracle::tile)
-  Vec T;               // their transposes, [keys x rows] blocks
   Vec z, zc, p, x, dz, zeta2, kap2, Rdp, bias;
   bounds::RowBound rb;  // a row's bounds, their storage reused
   bounds::ProbRow pr;
   Vec vx, va, vpre, CO, CV1, CG1;                             // the stored forward's
   index_t part = 0;  ///< the part of the (batch, kv head) pair being computed (Oracle::parts)
 };
-
-/// T[j n + r] = A[r lda + j] for r < n, j < L, in blocks of 8 keys (reads and writes stay in cache).
-inline void transpose(const double* A, index_t lda, index_t n, index_t L, double* T) {
-  constexpr index_t kB = 8;
-  for (index_t j0 = 0; j0 < L; j0 += kB) {
-    const index_t j1 = std::min(L, j0 + kB);
-    for (index_t r = 0; r < n; ++r) {
-      const double* a = A + r * lda;
-      for (index_t j = j0; j < j1; ++j) T[j * n + r] = a[j];
-    }
-  }
-}
 
 struct Oracle {
   const Call& c;

@@ -250,19 +250,22 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.p_null = M > 0 ? 1.0 : 0.0;
     } else {
       const double* z = lg.z.data();
-      double rest = 0;
+      double rest = 0, emax = 0;
       for (index_t j = 0; j < m; ++j) {
         const double e = std::isinf(z[j]) ? 0.0 : std::exp(z[j] - M);
         p[j] = e;
+        emax = std::max(emax, e);
         if (j != arg) rest += e;
       }
       const double en = has_null ? std::exp(s - M) : 0.0;
       if (arg >= 0) rest += en;
       const double S = 1.0 + rest;
+      // rounding is monotone: max_j fl(e_j / S) = fl(max_j e_j / S); the loop then has no
+      // reduction and its divisions vectorise
+      pmax = emax / S;
       for (index_t j = 0; j < m; ++j) {
         p[j] /= S;
         P[j] = p[j];
-        pmax = std::max(pmax, p[j]);
       }
       row.p_null = en / S;
       row.lse = M + std::log1p(rest);

@@ -1,7 +1,7 @@
 // src/verify/oracle_kernels.hpp — the matrix products of the fast oracle (double) and of
 // matrix_products.hpp (float and double).
 //
-// One routine, C (+)= A B on row-major matrices, written once (oracle_kernels_impl.inc) over a
+// One routine, C (+)= A B on row-major matrices (or A^T B: gemm_at), written once (oracle_kernels_impl.inc) over a
 // GCC/Clang vector type of W lanes and compiled per scalar and instruction set as the fast CPU
 // kernels are (src/cpu_fast/fast_kernels.hpp explains the target regions): avx512 (W = 8 doubles,
 // 16 floats), avx2+fma (4, 8), the baseline (2, 4). oracle_gemm() uses the widest one the CPU supports.
@@ -25,7 +25,11 @@ struct Gemm {
   /// N a multiple of kColumnQuantum.
   void (*gemm)(const double* A, idx lda, const double* B, idx ldb, double* C, idx ldc, idx M, idx N, idx K,
                bool accumulate);
-  /// The same in float.
+  /// C[M x N] = (accumulate ? C : 0) + A^T B with A stored K x M (its first M columns, rows lda
+  /// apart): bitwise gemm on A's transposed copy.
+  void (*gemm_at)(const double* A, idx lda, const double* B, idx ldb, double* C, idx ldc, idx M, idx N, idx K,
+                  bool accumulate);
+  /// The same as gemm in float.
   void (*gemm_f32)(const float* A, idx lda, const float* B, idx ldb, float* C, idx ldc, idx M, idx N, idx K,
                    bool accumulate);
 };

@@ -29,7 +29,7 @@ static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return (V)_
 constexpr int MR = 4, NC = 2;
 #include "oracle_kernels_impl.inc"
 }  // namespace f32
-static const Gemm table = {"avx2", &f64::gemm, &f32::gemm};
+static const Gemm table = {"avx2", &f64::gemm, &f64::gemm_at, &f32::gemm};
 }  // namespace oasis::verify::kernels::avx2_impl
 
 #if defined(__clang__)

@@ -19,7 +19,7 @@ static inline __attribute__((always_inline)) V vfma(V a, V b, V c) { return a * 
 constexpr int MR = 4, NC = 4;
 #include "oracle_kernels_impl.inc"
 }  // namespace f32
-static const Gemm table = {"generic", &f64::gemm, &f32::gemm};
+static const Gemm table = {"generic", &f64::gemm, &f64::gemm_at, &f32::gemm};
 }  // namespace oasis::verify::kernels::generic_impl
 
 namespace oasis::verify::kernels {

@@ -99,7 +99,7 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
   } else {
     const double diff = (x - ref.hi) - ref.lo;
     dist = std::fabs(diff);
-    const double slack = e + std::ldexp(dist, -51);  // the reference's error and two roundings of diff
+    const double slack = e + dist * 0x1p-51;  // the reference's error and two roundings of diff (times 2^-51: exact as ldexp)
     const double mag = std::fabs(r);
     const Bounds lo = bounds_at(d, std::max(0.0, mag - e), a, 1.0 - a.rho);
     const Bounds hi = bounds_at(d, mag + e, a, 1.0 + a.rho);
@@ -119,7 +119,7 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
     ++n_sq_;
     if (r == 0) max_err_zero_ = std::max(max_err_zero_, dist);
     else {
-      const int be = std::ilogb(std::fabs(r)) + kBinadeOffset;
+      const int be = io::exponent_of(r) + kBinadeOffset;
       double& m = max_err_by_binade_[static_cast<std::size_t>(std::clamp(be, 0, static_cast<int>(max_err_by_binade_.size()) - 1))];
       m = std::max(m, dist);
     }

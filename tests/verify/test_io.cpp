@@ -1,12 +1,14 @@
 // tests/verify/test_io.cpp — tensor file I/O: exact conversions, round trips, malformed files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "oasis/io/npy.hpp"
 #include "oasis/io/safetensors.hpp"
@@ -83,6 +85,30 @@ TEST(VerifyIo, UlpAndEps) {
   EXPECT_EQ(io::dtype_ulp(io::DType::f32, 3.0), std::ldexp(1.0, -22));
   EXPECT_EQ(io::dtype_ulp(io::DType::f16, 0.0), std::ldexp(1.0, -24));
   EXPECT_EQ(io::dtype_ulp(io::DType::f16, 1e-6), std::ldexp(1.0, -24));
+}
+
+// dtype_ulp and exponent_of read the exponent from the bits; they are the definitions
+// 2^(max(ilogb|x|, emin) - f) (emin for 0, inf and NaN) and ilogb on every binade of double,
+// subnormals included, both signs and every dtype.
+TEST(VerifyIo, UlpFromBitsIsTheDefinition) {
+  auto defined = [](io::DType d, double x) {
+    if (io::is_integer(d)) return 1.0;
+    const int f = io::dtype_fraction_bits(d), emin = io::dtype_min_exponent(d);
+    const double ax = std::fabs(x);
+    const int e = std::isfinite(ax) && ax > 0 ? std::max(std::ilogb(ax), emin) : emin;
+    return std::ldexp(1.0, e - f);
+  };
+  std::vector<double> xs = {0.0, -0.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::denorm_min(),
+                            std::numeric_limits<double>::min(), std::numeric_limits<double>::max(), 65504.0, 1e-40};
+  std::mt19937_64 rng(603);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  for (int e = -1074; e <= 1023; ++e)
+    for (int i = 0; i < 3; ++i) xs.push_back((i == 1 ? -1.0 : 1.0) * std::ldexp(i == 2 ? 1.0 : mant(rng), e));
+  for (io::DType d : {io::DType::f16, io::DType::bf16, io::DType::f32, io::DType::f64, io::DType::i32, io::DType::i64})
+    for (double x : xs) ASSERT_EQ(io::dtype_ulp(d, x), defined(d, x)) << io::to_string(d) << " " << x;
+  for (double x : xs)
+    if (std::isfinite(x) && x != 0) ASSERT_EQ(io::exponent_of(x), std::ilogb(x)) << x;
 }
 
 TEST(VerifyIo, RoundTripEveryDtypeSafetensorsAndNpy) {

@@ -99,7 +99,10 @@ bool TensorCheck::add(index_t flat, const RefValue& ref, const Allowed& a) {
   } else {
     const double diff = (x - ref.hi) - ref.lo;
     dist = std::fabs(diff);
-    const double slack = e + dist * 0x1p-51;  // the reference's error and two roundings of diff (times 2^-51: exact as ldexp)
+    // the reference's error and two roundings of diff; dist 2^-51 in its own statement (never fused
+    // into the sum), rounded as ldexp(dist, -51)
+    const double two_roundings = dist * 0x1p-51;
+    const double slack = e + two_roundings;
     const double mag = std::fabs(r);
     const Bounds lo = bounds_at(d, std::max(0.0, mag - e), a, 1.0 - a.rho);
     const Bounds hi = bounds_at(d, mag + e, a, 1.0 + a.rho);

@@ -49,14 +49,15 @@ TEST(OracleKernels, EveryVariantIsAMatrixProduct) {
 }
 
 // gemm_at reads A transposed: on every variant it gives the bits of gemm on A's transposed copy
-// (each element is the same multiply-add chain), for tails of every row count, K across a panel
-// boundary (KB = 256) and both accumulate modes.
+// (each element is the same multiply-add chain), for row tails of 1 to 5 rows and full tiles of 4
+// and 6 (the variants' MR), two column strips, K across a panel boundary (KB = 256) and both
+// accumulate modes.
 TEST(OracleKernels, TransposedAIsGemmOnTheTransposedCopy) {
   auto rng = oasis::test::make_rng(37);
   for (const k::Gemm* g : k::runnable_variants())
-    for (const k::idx M : {1, 3, 5, 7, 13, 64})
+    for (const k::idx M : {1, 2, 3, 5, 6, 7, 8, 13, 64})
       for (const k::idx K : {0, 1, 64, 300}) {
-        const k::idx N = k::kColumnQuantum, lda = M + 2, ldb = N + k::kColumnQuantum, ldc = N + 3;
+        const k::idx N = 2 * k::kColumnQuantum, lda = M + 2, ldb = N + k::kColumnQuantum, ldc = N + 3;
         const auto A = oasis::test::randn<double>({std::max<k::idx>(K, 1), lda}, rng);  // K x M, rows lda apart
         const auto B = oasis::test::randn<double>({std::max<k::idx>(K, 1), ldb}, rng);
         const auto C0 = oasis::test::randn<double>({M, ldc}, rng);

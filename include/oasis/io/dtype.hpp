@@ -14,6 +14,7 @@
 // magnitude has no exact double and is rejected by the readers (exact_integer()).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -98,15 +99,14 @@ inline int dtype_min_exponent(DType d) {
 /// eps(D) = 2^-f: the distance from 1 to the next larger number of D.
 inline double dtype_eps(DType d) { return std::ldexp(1.0, -dtype_fraction_bits(d)); }
 
-/// floor(log2 |x|) of a finite nonzero x, read from its bits (std::ilogb without the libm call:
-/// a verdict needs it per element): a normal double's biased exponent E gives E - 1023, a
-/// subnormal's leading fraction bit its position below 2^-1022.
+/// floor(log2 |x|) of a finite nonzero x: std::ilogb(x), read from the bits where x is a normal
+/// double (its biased exponent E gives E - 1023), so that a verdict, which needs it per element,
+/// makes no libm call; zeros and subnormals go to std::ilogb (FP_ILOGB0 for a zero).
 inline int exponent_of(double x) {
   std::uint64_t bits;
   std::memcpy(&bits, &x, sizeof bits);
   const int E = static_cast<int>((bits >> 52) & 0x7ff);
-  if (E != 0) return E - 1023;
-  return -1011 - __builtin_clzll(bits & ((std::uint64_t{1} << 52) - 1));  // x = fraction * 2^-1074
+  return E != 0 ? E - 1023 : std::ilogb(x);
 }
 
 /// ulp_D(x): spacing of D at |x| (2^(max(e, emin) - f) with e = floor(log2 |x|)); the
@@ -116,7 +116,7 @@ inline double dtype_ulp(DType d, double x) {
   if (is_integer(d)) return 1.0;
   const int f = dtype_fraction_bits(d), emin = dtype_min_exponent(d);
   const bool finite_nonzero = std::isfinite(x) && x != 0;
-  const int k = (finite_nonzero ? std::max(exponent_of(x), emin) : emin) - f;  // in [-1074, 1023]
+  const int k = (finite_nonzero ? std::max(exponent_of(x), emin) : emin) - f;  // in [-1074, 1016]
   const std::uint64_t bits = k >= -1022 ? static_cast<std::uint64_t>(k + 1023) << 52 : std::uint64_t{1} << (k + 1074);
   double r;
   std::memcpy(&r, &bits, sizeof r);

@@ -193,7 +193,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     g.gemm(ws.qa.data(), dh, pk.kta.data() + lo, pk.tkp, ws.AQ.data(), Lp, n, Lp, dh, false);
   }
   // the weights of the mixing sums, stacked so that each product reads adjacent rows:
-  // [W2; P; W] (3n x Lp) and G (n x Lp)
+  // [Z; P; W] (3n x Lp: Z the folded squares' weights, prob_mix_from_folded) and G (n x Lp)
   ws.P3.resize(3 * nL);  // each row zeroes the columns outside its keys below
   ws.G.resize(nL);
   std::vector<bounds::ProbRow>& prs = ws.prs;
@@ -228,7 +228,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       clear_outside(ws.P3.data() + r * Lp);
       clear_outside(ws.P3.data() + 2 * nL + r * Lp);
     }
-    double* W2 = ws.P3.data() + r * Lp + off;
+    double* Zw = ws.P3.data() + r * Lp + off;
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
     double* G = ws.G.data() + r * Lp + off;
@@ -271,7 +271,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.lse = M + std::log1p(rest);
     }
     row_pieces(c, row, lg, prs[static_cast<std::size_t>(r)]);
-    // the squared weights scaled by f^2 where they would underflow (prob_mix_from_sums)
+    // the squared weights scaled by f^2 where they would underflow (prob_mix_from_folded)
     const double f = bounds::prob_mix_scale(pmax);
     ws.fs[static_cast<std::size_t>(r)] = f;
     const double *gj = row.p_wc.data(), *k2 = prs[static_cast<std::size_t>(r)].kappa2.data();
@@ -283,24 +283,28 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
         G[j] = gj[j];
         const double fp = f * p[j], wj = fp * fp * k2[j];
         Wr[j] = wj;
-        W2[j] = wj + fp * fp;
+        Zw[j] = wj + fp * fp;
         swr += wj;
         spr += p[j];
       }
+      // Z's shared-event part, sigma^2 (f sp) f p_j (scaled as prob_mix_from_folded asks)
+      const double cz = prs[static_cast<std::size_t>(r)].sigma * prs[static_cast<std::size_t>(r)].sigma * (f * spr) * f;
+      if (cz != 0.0)
+        for (index_t j = 0; j < m; ++j) Zw[j] += cz * p[j];
     }
     ws.sw[static_cast<std::size_t>(r)] = swr;
     ws.sp[static_cast<std::size_t>(r)] = spr;
   }
-  // mixing sums: [A; X1] = [P; W] V, [X2; Y2] = [W2; P] V^2, V1 = P |V|, G1 = G |V| (without R:
-  // A = P V, V1 and G1)
+  // mixing sums: [A; X1] = [P; W] V, Z = Zw V^2, V1 = P |V|, G1 = G |V| (without R: A = P V, V1
+  // and G1)
   ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
   ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
-  ws.out2.resize(static_cast<std::size_t>(2 * n * dvp));
+  ws.out2.resize(static_cast<std::size_t>(n * dvp));
   const double* vx = pk.vx.data() + lo * 3 * dvp;
   const index_t ldv = 3 * dvp;
   // the rows of a block's window past hi hold zero weights; the products stop at L
   g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
-  if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, 2 * n, dvp, L, false);
+  if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
   g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
   g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
   const bounds::Precision dp = bounds::Precision::of<double>();
@@ -328,15 +332,15 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min());
       if (!mixR) continue;
       const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
-      const double X2 = ws.out2[static_cast<std::size_t>(r * dvp + x)];
-      const double Y2 = ws.out2[static_cast<std::size_t>((n + r) * dvp + x)];
+      const double Z = ws.out2[static_cast<std::size_t>(r * dvp + x)];
       const auto ru = static_cast<std::size_t>(r);
       const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
-      row.out_R[xu] = bounds::prob_mix_from_sums(pr, row.p_null, A, V1, X1, X2, sw, Y2, sp, f);
-      // (scaled rows: every term times f^2, R f against it)
+      row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
+      // (scaled rows: every term times f^2, R f against it; Z holds the shared events' sum of
+      // squares, sigma^2 (f sp) f Y2)
       const double fA = f * A;
-      const double mag = X2 + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
-                         pr.sigma * pr.sigma * (f * sp) * f * (Y2 + A * A * (2.0 + sp));
+      const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
+                         pr.sigma * pr.sigma * (f * sp) * f * (A * A * (2.0 + sp));
       const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
       row.rho_out[xu] += R2 > 0 ? 1e-14 * mag / R2 : 0.0;
     }

@@ -98,22 +98,21 @@ CompareReport run(const OpCall& c) {
   // decides without recomputing the whole op in mp50 (at u = 2^-53 its own error is of the order
   // of the probabilistic line).
   auto plain_bounds = [&](const auto& fwd, bool prob) {
-    const auto& map = bound_map;
     return PlainBounds(
-        [&q, &k, &v, &cot, &a, &fwd, &sf, map, prob, n16, &nan_bounds](bool wide) {
+        [&q, &k, &v, &cot, &a, &fwd, &sf, bound_map, prob, n16, &nan_bounds](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
-            return map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, kLambda,
-                                                                     sf.out_u, n16)
-                            : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
+            return bound_map(prob ? bounds::prob_attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd,
+                                                                           kLambda, sf.out_u, n16)
+                                  : bounds::attention_backward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, true));
           };
           if (!wide || !prob) return wide ? run(double{}) : run(float{});
           return nan_bounds();
         },
-        stored ? PlainBounds::Fn([&q, &k, &v, &cot, &a, &fwd, &sf, map](bool wide) {
+        stored ? PlainBounds::Fn([&q, &k, &v, &cot, &a, &fwd, &sf, bound_map](bool wide) {
           auto run = [&](auto tag) {
             using T = decltype(tag);
-            return map(bounds::stored_forward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, sf));
+            return bound_map(bounds::stored_forward_bounds(as<T>(q), as<T>(k), as<T>(v), cot(tag), a, fwd, sf));
           };
           return wide ? run(double{}) : run(float{});
         })

@@ -1,10 +1,11 @@
 // src/verify/oracle_kernels.hpp — the matrix products of the fast oracle (double) and of
 // matrix_products.hpp (float and double).
 //
-// One routine, C (+)= A B on row-major matrices (or A^T B: gemm_at), written once (oracle_kernels_impl.inc) over a
-// GCC/Clang vector type of W lanes and compiled per scalar and instruction set as the fast CPU
-// kernels are (src/cpu_fast/fast_kernels.hpp explains the target regions): avx512 (W = 8 doubles,
-// 16 floats), avx2+fma (4, 8), the baseline (2, 4). oracle_gemm() uses the widest one the CPU supports.
+// One routine, C (+)= A B on row-major matrices (or A^T B: gemm_at), written once
+// (oracle_kernels_impl.inc) over a GCC/Clang vector type of W lanes and compiled per scalar and
+// instruction set as the fast CPU kernels are (src/cpu_fast/fast_kernels.hpp explains the target
+// regions): avx512 (W = 8 doubles, 16 floats), avx2+fma (4, 8), the baseline (2, 4).
+// oracle_gemm() uses the widest one the CPU supports.
 // Any summation order is covered by the oracle's own error bound (gamma_n bounds hold for every
 // order, with or without fused multiply-add), so the choice of kernel never changes a verdict.
 #pragma once

@@ -309,3 +309,62 @@ TEST(ComparePolicy, WindowPastThePaddingLeavesRowsWithoutKeys) {
   EXPECT_TRUE(bf.passed) << verify::format_report(bf);
   EXPECT_EQ(bf.passed, bs.passed);
 }
+
+// R(A) of a mixture (prob_mix, through prob_mix_from_folded) is the square root of the sum of
+// squares that defines it (oasis/ops/prob_bounds.hpp):
+//   R^2 = sum_j p_j^2 kappa_j^2 (v_j - A)^2 + p_0^2 kappa_0^2 A^2 + (3 m' + 4) A^2 + sum_j p_j^2 v_j^2
+//         + 3 m V1^2 + sigma^2 (sum_j p_j) sum_j p_j (v_j - A)^2,
+// evaluated term by term in long double. The expanded double sums round each of their terms and
+// sum them: first order, |R^2 - R_def^2| <= (m + 8) u mag with mag the sum of the expanded terms'
+// magnitudes, so |R - R_def| <= (m + 8) u mag / R_def (twice the first-order half, for the second
+// order). Rows: sinks from 0 to +600 (probabilities below 2^-400: the scaled path), values of one
+// sign, of both signs, and all equal (their spread about A only from the null's share).
+TEST(ComparePolicy, MixtureBoundIsItsSumOfSquares) {
+  auto rng = oasis::test::make_rng(311);
+  std::normal_distribution<double> g(0.0, 1.0);
+  const double u = std::ldexp(1.0, -53);
+  for (index_t m : {1, 7, 300})
+    for (double sink : {0.0, 6.0, 600.0})
+      for (int values = 0; values < 3; ++values) {
+        std::vector<double> z(static_cast<std::size_t>(m)), zeta2(z.size()), v(z.size()), p(z.size());
+        double M = sink;
+        for (std::size_t j = 0; j < z.size(); ++j) {
+          z[j] = 2.0 * g(rng);
+          zeta2[j] = 1.0 + std::abs(g(rng));
+          v[j] = values == 0 ? 1.0 + std::abs(g(rng)) : values == 1 ? g(rng) : 0.75;
+          M = std::max(M, z[j]);
+        }
+        long double S = std::exp(static_cast<long double>(sink - M));
+        for (double zj : z) S += std::exp(static_cast<long double>(zj - M));
+        const long double lse = M + std::log(S);
+        for (std::size_t j = 0; j < z.size(); ++j) p[j] = static_cast<double>(std::exp(z[j] - lse));
+        const double p0 = static_cast<double>(std::exp(sink - lse)), sigma = 3.5;
+        const oasis::bounds::ProbRow pr = oasis::bounds::prob_row(oasis::RowNorm::softmax1, z.data(), zeta2.data(), m, sink,
+                                                                  0.0, sigma, p.data(), p0, static_cast<double>(lse));
+        long double A = 0, V1 = 0, sp = 0;
+        for (std::size_t j = 0; j < z.size(); ++j) {
+          A += static_cast<long double>(p[j]) * v[j];
+          V1 += static_cast<long double>(p[j]) * std::abs(v[j]);
+          sp += p[j];
+        }
+        const double Ad = static_cast<double>(A);  // prob_mix takes A in double
+        const long double Al = Ad;
+        long double def = (static_cast<long double>(p0) * p0 * pr.kappa2_null + 3.0L * pr.terms + 4.0L) * Al * Al +
+                          3.0L * m * V1 * V1, spread = 0, mag = def;
+        for (std::size_t j = 0; j < z.size(); ++j) {
+          const long double pj = p[j], w = pj * pj * pr.kappa2[j], d = v[j] - Al;
+          def += w * d * d + pj * pj * v[j] * v[j];
+          mag += w * (v[j] * v[j] + 2 * std::abs(Al * v[j]) + Al * Al) + pj * pj * v[j] * v[j];
+          spread += pj * d * d;
+        }
+        def += static_cast<long double>(sigma) * sigma * sp * spread;
+        long double y2 = 0;
+        for (std::size_t j = 0; j < z.size(); ++j) y2 += static_cast<long double>(p[j]) * v[j] * v[j];
+        mag += static_cast<long double>(sigma) * sigma * sp * (y2 + Al * Al * (2 + sp));
+        const double R = oasis::bounds::prob_mix(pr, p.data(), v.data(), 1, m, p0, Ad);
+        const long double Rdef = std::sqrt(def);
+        const std::string what = "m " + std::to_string(m) + " sink " + std::to_string(sink) + " values " + std::to_string(values);
+        ASSERT_GT(Rdef, 0.0L) << what;
+        EXPECT_NEAR(static_cast<double>(R / Rdef), 1.0, static_cast<double>((m + 8) * u * mag / def)) << what;
+      }
+}

@@ -124,21 +124,30 @@ inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, inde
   return r;
 }
 
-/// R(A) of one mixture element A = sum_j p_j v_j (attention output, routed depth state) of a row
-/// from its sums: X2 = sum_j (w_j + p_j^2) v_j^2, X1 = sum_j w_j v_j, sw = sum_j w_j with
-/// w_j = p_j^2 kappa_j^2; Y2 = sum_j p_j v_j^2, sp = sum_j p_j; V1 = sum_j p_j |v_j|; A exact.
-/// `f` (a power of 2): X2, X1 and sw are given times f^2, the weights scaled so that their squares
-/// do not underflow (a row whose probabilities are all below ~1e-154: huge sinks); R is returned
-/// unscaled. Every term of R^2 is quadratic in the probabilities' scale, so R f is formed first.
+/// R(A) of one mixture element A = sum_j p_j v_j of a row from its sums, with the shared events'
+/// square sum folded into one sum of squares: Z = sum_j (w_j + p_j^2 + sigma^2 sp p_j) v_j^2, so
+/// that the last term of R(A_c)^2 above is sigma^2 sp (Y2 - 2 A^2 + A^2 sp) with its Y2 inside Z
+/// (a product with one weight per key: the fast oracle forms Z in one matrix product). X1 =
+/// sum_j w_j v_j, sw = sum_j w_j with w_j = p_j^2 kappa_j^2; sp = sum_j p_j; V1 = sum_j p_j |v_j|;
+/// A exact. `f` (a power of 2): Z, X1 and sw are given times f^2 (Z's sigma^2 part as sigma^2 (f sp)
+/// f p_j), the weights scaled so that their squares do not underflow (a row whose probabilities are
+/// all below ~1e-154: huge sinks); R is returned unscaled. Every term of R^2 is quadratic in the
+/// probabilities' scale, so R f is formed first.
+inline double prob_mix_from_folded(const ProbRow& r, double p_null, double A, double V1, double X1, double Z, double sw,
+                                   double sp, double f = 1.0) {
+  const double fA = f * A, a2 = A * A;
+  const double fV1 = f * V1;
+  const double R2 = (Z - 2.0 * A * X1 + A * (A * sw)) + p_null * p_null * r.kappa2_null * fA * fA +
+                    (3.0 * static_cast<double>(r.terms) + 4.0) * fA * fA + 3.0 * static_cast<double>(r.keys) * fV1 * fV1 +
+                    r.sigma * r.sigma * (f * sp) * (f * (a2 * sp - 2.0 * a2));
+  return std::sqrt(std::max(R2, 0.0)) / f;
+}
+
+/// prob_mix_from_folded from the sums apart: X2 = sum_j (w_j + p_j^2) v_j^2 (times f^2, as X1 and
+/// sw) and Y2 = sum_j p_j v_j^2 (unscaled).
 inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, double V1, double X1, double X2, double sw,
                                  double Y2, double sp, double f = 1.0) {
-  const double fA = f * A, a2 = A * A;
-  const double spread = std::max(0.0, Y2 - 2.0 * a2 + a2 * sp);  // sum_j p_j (v_j - A)^2
-  const double fV1 = f * V1;
-  const double R2 = (X2 - 2.0 * A * X1 + A * (A * sw)) + p_null * p_null * r.kappa2_null * fA * fA +
-                    (3.0 * static_cast<double>(r.terms) + 4.0) * fA * fA + 3.0 * static_cast<double>(r.keys) * fV1 * fV1 +
-                    r.sigma * r.sigma * (f * sp) * (f * spread);
-  return std::sqrt(std::max(R2, 0.0)) / f;
+  return prob_mix_from_folded(r, p_null, A, V1, X1, X2 + r.sigma * r.sigma * (f * sp) * (f * Y2), sw, sp, f);
 }
 
 /// The power of 2 that prob_mix_from_sums' sums of squared weights need for probabilities of at

@@ -287,10 +287,11 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
         swr += wj;
         spr += p[j];
       }
-      // Z's shared-event part, sigma^2 (f sp) f p_j (scaled as prob_mix_from_folded asks)
-      const double cz = prs[static_cast<std::size_t>(r)].sigma * prs[static_cast<std::size_t>(r)].sigma * (f * spr) * f;
+      // Z's shared-event part, sigma^2 (f sp) (f p_j) (scaled as prob_mix_from_folded asks; f p_j
+      // formed first: f alone may be near the top of the double range)
+      const double sg = prs[static_cast<std::size_t>(r)].sigma, cz = sg * sg * (f * spr);
       if (cz != 0.0)
-        for (index_t j = 0; j < m; ++j) Zw[j] += cz * p[j];
+        for (index_t j = 0; j < m; ++j) Zw[j] += cz * (f * p[j]);
     }
     ws.sw[static_cast<std::size_t>(r)] = swr;
     ws.sp[static_cast<std::size_t>(r)] = spr;
@@ -336,11 +337,12 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       const auto ru = static_cast<std::size_t>(r);
       const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
       row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
-      // (scaled rows: every term times f^2, R f against it; Z holds the shared events' sum of
-      // squares, sigma^2 (f sp) f Y2)
+      // (scaled rows: every term times f^2, R f against it, each product ordered so that f, near
+      // the top of the double range, never stands alone; Z holds the shared events' sum of
+      // squares, sigma^2 (f sp) (f Y2))
       const double fA = f * A;
       const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
-                         pr.sigma * pr.sigma * (f * sp) * f * (A * A * (2.0 + sp));
+                         pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
       const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
       row.rho_out[xu] += R2 > 0 ? 1e-14 * mag / R2 : 0.0;
     }

@@ -274,7 +274,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     // the squared weights scaled by f^2 where they would underflow (prob_mix_from_folded)
     const double f = bounds::prob_mix_scale(pmax);
     ws.fs[static_cast<std::size_t>(r)] = f;
-    const double *gj = row.p_wc.data(), *k2 = prs[static_cast<std::size_t>(r)].kappa2.data();
+    const bounds::ProbRow& prow = prs[static_cast<std::size_t>(r)];
+    const double *gj = row.p_wc.data(), *k2 = prow.kappa2.data();
     double swr = 0, spr = 0;
     if (!mixR) {
       std::copy(gj, gj + m, G);
@@ -289,7 +290,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       }
       // Z's shared-event part, sigma^2 (f sp) (f p_j) (scaled as prob_mix_from_folded asks; f p_j
       // formed first: f alone may be near the top of the double range)
-      const double sg = prs[static_cast<std::size_t>(r)].sigma, cz = sg * sg * (f * spr);
+      const double cz = prow.sigma * prow.sigma * (f * spr);
       if (cz != 0.0)
         for (index_t j = 0; j < m; ++j) Zw[j] += cz * (f * p[j]);
     }
@@ -326,7 +327,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.V1[xu] = V1;
       row.absv[xu] = row.m() > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
       // the pieces at the double reference: p within its relative error, A within eA, and the
-      // cancellation in the expanded sums of squares (relative 1e-15 of their magnitude)
+      // cancellation in the expanded sums of squares (bounds::mix_cancellation)
       row.out_R[xu] = 0.0;  // set below with R (out_bounds' probabilistic part, unused here, reads it)
       const double eA = row.out_bounds(x, dp).wc;
       row.err_out[xu] = eA;
@@ -344,7 +345,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
                          pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
       const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
-      row.rho_out[xu] += R2 > 0 ? 1e-14 * mag / R2 : 0.0;
+      row.rho_out[xu] += R2 > 0 ? bounds::mix_cancellation(row.m()) * mag / R2 : 0.0;
     }
   }
 }

@@ -100,10 +100,11 @@ void token_pieces(const DepthCall& c, TokenRow& r, const double* psi) {
     r.hR[x] = bounds::prob_mix_from_sums(r.pr, r.alpha_null, A, r.V1[x], X1[x], X2[x], sw, Y2[x], sp);
     const double eA = bounds::kSecondOrder * (dp.u * (r.G1[x] + static_cast<double>(c.n) * r.V1[x]) + dp.p_floor * r.absv[x]) +
                       bounds::underflow_floor(dp, c.n);
-    const double mag = X2[x] + 2.0 * std::abs(A * X1[x]) + A * A * sw + Y2[x] + A * A * (2.0 + sp);
+    const double mag = X2[x] + 2.0 * std::abs(A * X1[x]) + A * A * sw + A * A * (2.0 + sp) +
+                       r.pr.sigma * r.pr.sigma * sp * (Y2[x] + A * A * (2.0 + sp));
     const double R2 = r.hR[x] * r.hR[x];
     r.rho_h[x] = r.rho + 4.0 * eA / std::max(r.V1[x] + std::abs(A), std::numeric_limits<double>::min()) +
-                 (R2 > 0 ? 1e-14 * mag / R2 : 0.0);
+                 (R2 > 0 ? bounds::mix_cancellation(c.n) * mag / R2 : 0.0);
   }
 }
 

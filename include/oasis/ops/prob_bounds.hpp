@@ -143,6 +143,12 @@ inline double prob_mix_from_folded(const ProbRow& r, double p_null, double A, do
   return std::sqrt(std::max(R2, 0.0)) / f;
 }
 
+/// The relative error, against the magnitude of its expanded terms, with which R(A)^2 of a mixture
+/// of m terms is evaluated in double from its sums (first order): each sum over the m terms, at
+/// most 9 roundings in a term's weight and product, at most 10 in the assembly of R^2. The fast
+/// oracles widen their decisions by it times (that magnitude) / R^2.
+inline double mix_cancellation(index_t m) { return static_cast<double>(m + 20) * std::ldexp(1.0, -53); }
+
 /// prob_mix_from_folded from the sums apart: X2 = sum_j (w_j + p_j^2) v_j^2 (times f^2, as X1 and
 /// sw) and Y2 = sum_j p_j v_j^2 (unscaled).
 inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, double V1, double X1, double X2, double sw,
@@ -150,7 +156,7 @@ inline double prob_mix_from_sums(const ProbRow& r, double p_null, double A, doub
   return prob_mix_from_folded(r, p_null, A, V1, X1, X2 + r.sigma * r.sigma * (f * sp) * (f * Y2), sw, sp, f);
 }
 
-/// The power of 2 that prob_mix_from_sums' sums of squared weights need for probabilities of at
+/// The power of 2 that prob_mix_from_folded's sums of squared weights need for probabilities of at
 /// most `pmax` (1 unless their squares could leave the normal range).
 inline double prob_mix_scale(double pmax) {
   if (!(pmax > 0.0) || pmax >= 0x1p-400) return 1.0;

@@ -147,7 +147,7 @@ inline double prob_mix_from_folded(const ProbRow& r, double p_null, double A, do
 /// of m terms is evaluated in double from its sums (first order): each sum over the m terms, at
 /// most 9 roundings in a term's weight and product, at most 10 in the assembly of R^2. The fast
 /// oracles widen their decisions by it times (that magnitude) / R^2.
-inline double mix_cancellation(index_t m) { return static_cast<double>(m + 20) * std::ldexp(1.0, -53); }
+inline double mix_cancellation(index_t m) { return static_cast<double>(m + 20) * unit_roundoff<double>(); }
 
 /// prob_mix_from_folded from the sums apart: X2 = sum_j (w_j + p_j^2) v_j^2 (times f^2, as X1 and
 /// sw) and Y2 = sum_j p_j v_j^2 (unscaled).

@@ -15,6 +15,7 @@ function(oasis_add_gtest)
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE ${A_BASE} oasis_test_support GTest::gtest GTest::gtest_main
                         rapidcheck rapidcheck_gtest ${A_LIBS})
+  oasis_precompile(${A_NAME} TEST)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 600)
   endif()

@@ -1,51 +1,45 @@
-# Precompiled third-party headers: oasis_precompile(TARGET LIBRARY|TEST).
+# Precompiled third-party headers: oasis_precompile(TARGET LIBRARY|TEST), oasis_pch_owner(...).
 #
 # Boost.Multiprecision (the mp50 and mpfr50 scalars, oasis/core/multiprecision.hpp), Eigen and
-# GoogleTest are read by 157 of the 271 files a full build compiles, and parsing them takes 2 to 3 s
-# of each (29 files drawn at random, compiled both ways on one core each: 177 s instead of 197 s
-# in all; op_attention_merge.cpp 8.3 s instead of 11.7 s). With OASIS_PCH (the default) they
-# are parsed once per kind of file instead.
+# GoogleTest are read by most files of the libraries and the tests, and parsing them costs each
+# such file 2 to 3 s. A precompiled header holds them parsed; CMake's own switch turns them off
+# (-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON, as the sanitizer lane does).
 #
-# A precompiled header serves only translation units compiled with the flags it was built with:
-# GCC checks position-independent code and every macro the headers read (-fopenmp's _REENTRANT,
-# GoogleTest's GTEST_HAS_PTHREAD), and where they differ it warns (-Winvalid-pch, which CMake adds)
-# and reads the headers' text instead. So there are two, each built once and reused:
-#   LIBRARY  the position-independent library objects (oasis_core, which builds it; oasis_cpu_fast,
-#            oasis_verify);
-#   TEST     the GoogleTest programs of oasis_add_gtest (oasis_pch_tests builds it; GoogleTest too).
-# The other targets compile without one: the CUDA backend and its emulator, the Python module (its
-# Python.h must come first), the programs, and oasis_proofs, whose -O1 would not reach the
-# precompiled template code (compiled at -O3, it was slower to build: 15 s instead of 11 s a file). A file that selects an instruction set
-# (#pragma GCC target) does so after its includes, so the headers read first change nothing.
-# Only third-party headers are precompiled: a project header is still read from the includes of
-# each file. scripts/sanitize.sh builds with OASIS_PCH=OFF, so that the files it compiles are also
-# checked to include what they use.
-option(OASIS_PCH "Precompile the third-party headers (Boost.Multiprecision, Eigen, GoogleTest)" ON)
-
-set(OASIS_PCH_HEADERS <boost/multiprecision/cpp_bin_float.hpp> <Eigen/Dense>)
+# GCC uses a precompiled header only in files compiled as it was: it checks position-independent
+# code and the macros the headers read (-fopenmp's _OPENMP, GoogleTest's GTEST_HAS_PTHREAD), and
+# where they differ it warns (-Winvalid-pch, which CMake adds) and reads the headers' text. It does
+# not check optimisation options: a file that uses the header is compiled with the header's (Eigen
+# marks functions with optimize attributes). So only targets compiled with exactly the owner's
+# options use one, and there are two owners, each built once:
+#   oasis_pch_library  position-independent, for oasis_core, oasis_cpu_fast and oasis_verify;
+#   oasis_pch_tests    GoogleTest's header too, for the test programs on oasis::oasis
+#                      (cmake/OasisTesting.cmake).
+# Everything else compiles without: oasis_proofs (-O1), the CUDA emulator and the test programs
+# on it (-ffp-contract=off), the CUDA backend (no OpenMP), the Python module (its Python.h must
+# come first), the benchmarks and the programs. A file that selects an instruction set
+# (#pragma GCC target) does so after its includes, so the headers read first change nothing there.
+set(OASIS_PCH_HEADERS <boost/multiprecision/cpp_bin_float.hpp> <Eigen/Core>)
 if(OASIS_HAVE_MPFR)
   list(APPEND OASIS_PCH_HEADERS <boost/multiprecision/mpfr.hpp>)
 endif()
 
-if(OASIS_PCH AND OASIS_BUILD_TESTS)
-  # the test programs' owner: an empty file compiled with a test program's flags and macros
-  file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pch/oasis_pch_tests.cpp
-       CONTENT "// The test programs' precompiled header (cmake/OasisPch.cmake).\n")
-  add_library(oasis_pch_tests OBJECT ${PROJECT_BINARY_DIR}/pch/oasis_pch_tests.cpp)
-  target_link_libraries(oasis_pch_tests PRIVATE oasis::oasis oasis_test_support GTest::gtest)
-  target_precompile_headers(oasis_pch_tests PRIVATE ${OASIS_PCH_HEADERS} <gtest/gtest.h>)
-endif()
+# oasis_pch_owner(NAME [PIC] [HEADERS extra...] LIBS libs...): an empty file compiled with the
+# flags and macros that LIBS give, which builds the precompiled header.
+function(oasis_pch_owner name)
+  cmake_parse_arguments(A "PIC" "" "HEADERS;LIBS" ${ARGN})
+  file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pch/${name}.cpp
+       CONTENT "// The owner of a precompiled header (cmake/OasisPch.cmake).\n")
+  add_library(${name} OBJECT ${PROJECT_BINARY_DIR}/pch/${name}.cpp)
+  target_link_libraries(${name} PRIVATE ${A_LIBS})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ${A_PIC})
+  target_precompile_headers(${name} PRIVATE ${OASIS_PCH_HEADERS} ${A_HEADERS})
+endfunction()
+
+oasis_pch_owner(oasis_pch_library PIC LIBS oasis_headers OpenMP::OpenMP_CXX)
 
 function(oasis_precompile target kind)
-  if(NOT OASIS_PCH)
-    return()
-  endif()
   if(kind STREQUAL "LIBRARY")
-    if(target STREQUAL "oasis_core")
-      target_precompile_headers(oasis_core PRIVATE ${OASIS_PCH_HEADERS})
-    else()
-      target_precompile_headers(${target} REUSE_FROM oasis_core)
-    endif()
+    target_precompile_headers(${target} REUSE_FROM oasis_pch_library)
   elseif(kind STREQUAL "TEST")
     target_precompile_headers(${target} REUSE_FROM oasis_pch_tests)
   else()

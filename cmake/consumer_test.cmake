@@ -1,5 +1,5 @@
 # ctest driver: install the built project to a scratch prefix, then configure, build and run
-# examples/consumer against it with find_package(oasis CONFIG REQUIRED).
+# examples/consumer against it with find_package(oasis CONFIG REQUIRED); run its two programs.
 set(prefix ${WORK}/prefix)
 file(REMOVE_RECURSE ${WORK})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${prefix} RESULT_VARIABLE rc OUTPUT_QUIET)
@@ -15,7 +15,9 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build RESULT_VARIABLE r
 if(rc)
   message(FATAL_ERROR "building the consumer failed: ${rc}")
 endif()
-execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "the consumer failed: ${rc}")
-endif()
+foreach(program consumer consumer_verify)
+  execute_process(COMMAND ${WORK}/build/${program} RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the consumer ${program} failed: ${rc}")
+  endif()
+endforeach()

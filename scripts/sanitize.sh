@@ -13,8 +13,8 @@
 #   emu     test_cuda_emu: the emulator itself (fibers, barriers, shuffles, wmma); the CUDA
 #           parity tests on the emulator already run under ASan in the main suite
 #           (emu.asan.parity_and_device)
-# Built without precompiled headers (OASIS_PCH=OFF, cmake/OasisPch.cmake): each file it compiles
-# is also checked to include what it uses.
+# Built without precompiled headers (cmake/OasisPch.cmake): the files it compiles (src/core,
+# src/cpu_fast and the tests above) are also checked to include what they use.
 # Any sanitizer report fails its test (halt_on_error). Leak checking is on except for the
 # emulator, whose fibers abandoned after a reported fault keep their frames (by design).
 set -euo pipefail
@@ -24,8 +24,8 @@ JOBS=${OASIS_SANITIZE_JOBS:-$(nproc)}
 FLAGS="-O1 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$FLAGS" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DOASIS_ENABLE_CUDA=OFF -DOASIS_WITH_MPFR=OFF \
-  -DOASIS_BUILD_BENCH=OFF -DOASIS_BUILD_PYTHON=OFF -DOASIS_BUILD_CUDA_EMU=ON -DOASIS_BUILD_VERIFY=OFF -DOASIS_PCH=OFF \
-  > /dev/null
+  -DOASIS_BUILD_BENCH=OFF -DOASIS_BUILD_PYTHON=OFF -DOASIS_BUILD_CUDA_EMU=ON -DOASIS_BUILD_VERIFY=OFF \
+  -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON > /dev/null
 TARGETS=(test_core_normalizer test_core_attention test_core_coupling test_model_structure test_model_io
          verify_io_tests test_cuda_emu)
 start=$(date +%s)

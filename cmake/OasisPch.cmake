@@ -1,23 +1,24 @@
 # Precompiled third-party headers: oasis_precompile(TARGET LIBRARY|TEST), oasis_pch_owner(...).
 #
 # Boost.Multiprecision (the mp50 and mpfr50 scalars, oasis/core/multiprecision.hpp), Eigen and
-# GoogleTest are read by most files of the libraries and the tests, and parsing them costs each
-# such file 2 to 3 s. A precompiled header holds them parsed; CMake's own switch turns them off
-# (-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON, as the sanitizer lane does).
+# GoogleTest are read by most files of the libraries and the tests, and parsing them is a large part
+# of each such file's compile time. A precompiled header holds them parsed; CMake's own switch turns
+# them off (-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON, as the sanitizer lane does).
 #
 # GCC uses a precompiled header only in files compiled as it was: it checks position-independent
 # code and the macros the headers read (-fopenmp's _OPENMP, GoogleTest's GTEST_HAS_PTHREAD), and
 # where they differ it warns (-Winvalid-pch, which CMake adds) and reads the headers' text. It does
 # not check optimisation options: a file that uses the header is compiled with the header's (Eigen
 # marks functions with optimize attributes). So only targets compiled with exactly the owner's
-# options use one, and there are two owners, each built once:
+# options use one (ctest's package.pch_options checks it in the Ninja build file), and there are
+# two owners, each built once:
 #   oasis_pch_library  position-independent, for oasis_core, oasis_cpu_fast and oasis_verify;
 #   oasis_pch_tests    GoogleTest's header too, for the test programs on oasis::oasis
 #                      (cmake/OasisTesting.cmake).
 # Everything else compiles without: oasis_proofs (-O1), the CUDA emulator and the test programs
 # on it (-ffp-contract=off), the CUDA backend (no OpenMP), the Python module (its Python.h must
-# come first), the benchmarks and the programs. A file that selects an instruction set
-# (#pragma GCC target) does so after its includes, so the headers read first change nothing there.
+# come first), the benchmarks and the programs; so do the files of the fast kernels and of the
+# oracle's matrix products (SKIP_PRECOMPILE_HEADERS), which read none of these headers.
 set(OASIS_PCH_HEADERS <boost/multiprecision/cpp_bin_float.hpp> <Eigen/Core>)
 if(OASIS_HAVE_MPFR)
   list(APPEND OASIS_PCH_HEADERS <boost/multiprecision/mpfr.hpp>)

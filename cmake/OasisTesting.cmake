@@ -2,7 +2,9 @@
 #                 [BASE library] [PREFIX p])
 # One GoogleTest executable (with rapidcheck's GoogleTest integration), discovered by ctest.
 # BASE replaces oasis::oasis (the CUDA emulator's tests link oasis_emu); PREFIX is prepended to
-# the ctest names (the same test source built twice gets distinct names).
+# the ctest names (the same test source built twice gets distinct names). A program on oasis::oasis
+# uses the tests' precompiled header, so options added to it later make ctest's package.pch_options
+# fail (cmake/OasisPch.cmake says why): give such a program a BASE or drop the header for it.
 include(GoogleTest)
 find_package(GTest REQUIRED)
 find_package(rapidcheck REQUIRED)
@@ -16,7 +18,7 @@ function(oasis_add_gtest)
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE ${A_BASE} oasis_test_support GTest::gtest GTest::gtest_main
                         rapidcheck rapidcheck_gtest ${A_LIBS})
-  if(A_BASE STREQUAL "oasis::oasis")  # the emulator's programs: -ffp-contract=off (cmake/OasisPch.cmake)
+  if(A_BASE STREQUAL "oasis::oasis")  # not on the emulator (-ffp-contract=off): cmake/OasisPch.cmake
     oasis_precompile(${A_NAME} TEST)
   endif()
   if(NOT A_TIMEOUT)

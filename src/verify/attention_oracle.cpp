@@ -6,9 +6,26 @@
 #include <limits>
 
 #include "oasis/verify/policy.hpp"
+#include "attention_oracle_rows.hpp"
 #include "oracle_kernels.hpp"
 
 namespace oasis::verify::detail {
+
+// row_rho and in_lse_convention: attention_oracle_rows.hpp
+double row_rho(double rel_max) { return 4.0 * rel_max * own_precision().u + 1e-9; }
+
+void in_lse_convention(const AttnCall& c, AttnRow& r, const Logits& L, const mp50* keys_mp) {
+  if (c.lse.is_default()) return;
+  LseRow lr{r.lse, r.lse_mp, r.exact, r.lse_wc, r.lse_R};
+  to_convention(c.lse, RowLogits{c.opt.normalizer, L.z.data(), L.zc.data(), L.zeta2.data(), r.m(), c.null_logit(r.h),
+                                 L.sigma, r.p.data(), r.p_null},
+                keys_mp, lr);
+  r.lse = lr.value;
+  r.lse_mp = lr.value_mp;
+  r.lse_wc = lr.wc;
+  r.lse_R = lr.R;
+}
+
 namespace {
 
 using kernels::kColumnQuantum;
@@ -16,15 +33,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 
-/// A row's logits and the u-free pieces of their errors, from its scores (dot = <q, k_j>,
-/// Q = sum_c |q_c k_jc|, the bias): z_j = scale dot_j + bias_j, the worst-case coefficient zc_j,
-/// zeta2_j (prob_bounds.hpp), the shared-event sigma = scale max_j Q_j + max_j |z_j|, and the first
-/// largest logit (zmax at arg). Keys the bias masks (r.masked) are exactly 0 in every implementation.
-struct Logits {
-  std::vector<double> z, zc, zeta2;
-  double sigma = 0, zmax = -kInf;
-  index_t arg = -1;
-};
 void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias, Logits& L) {
   const index_t m = r.m();
   L.z.resize(static_cast<std::size_t>(m));  // every entry of these four set below
@@ -77,17 +85,81 @@ void row_pieces(const AttnCall& c, AttnRow& r, const Logits& L, bounds::ProbRow&
   r.p_R.swap(pr.p);
   r.lse_R = pr.lse;
   r.p_null_R = pr.p_null;
-  if (!c.lse.is_default()) {
-    LseRow lr{r.lse, r.lse_mp, r.exact, r.lse_wc, r.lse_R};
-    to_convention(c.lse, RowLogits{c.opt.normalizer, L.z.data(), L.zc.data(), L.zeta2.data(), m, s, L.sigma, r.p.data(),
-                                   r.p_null},
-                  keys_mp, lr);
-    r.lse = lr.value;
-    r.lse_mp = lr.value_mp;
-    r.lse_wc = lr.wc;
-    r.lse_R = lr.R;
+  in_lse_convention(c, r, L, keys_mp);
+  r.rho = row_rho(b1.rel_max);
+}
+
+/// A row of fast_rows by the scalar functions of the bounds: row_logits, the reference, row_pieces,
+/// the weights. Every row the fused path (fused_row) does not take.
+void general_row(const AttnCall& c, AttnRow& row, const double* dot, const double* Q, const double* bias, bool mixR,
+                 Logits& lg, bounds::ProbRow& prow, RowWeights& w) {
+  const index_t m = row.m();
+  const bool has_null = c.opt.normalizer == RowNorm::softmax1;
+  const double s = c.null_logit(row.h);
+  double *P = w.P, *G = w.G, *Zw = w.Zw, *Wr = w.Wr;
+  row_logits(c, row, dot, Q, bias, lg);
+  // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
+  // the maximal one, whose exponential is exactly 1)
+  row.p.resize(static_cast<std::size_t>(m));  // set below on every path
+  double M = has_null ? s : -kInf, pmax = 0;
+  index_t arg = -1;  // -1: the null (or none)
+  if (lg.zmax > M) {
+    M = lg.zmax;
+    arg = lg.arg;
   }
-  r.rho = 4.0 * b1.rel_max * unit_roundoff<double>() + 1e-9;
+  double* p = row.p.data();
+  if (std::isinf(M)) {  // a +inf null logit: all on the null; else no term at all: the documented zero
+    std::fill(p, p + m, 0.0);
+    std::fill(P, P + m, 0.0);
+    row.lse = M;
+    row.p_null = M > 0 ? 1.0 : 0.0;
+  } else {
+    const double* z = lg.z.data();
+    double rest = 0, emax = 0;
+    for (index_t j = 0; j < m; ++j) {
+      const double e = std::isinf(z[j]) ? 0.0 : std::exp(z[j] - M);
+      p[j] = e;
+      emax = std::max(emax, e);
+      if (j != arg) rest += e;
+    }
+    const double en = has_null ? std::exp(s - M) : 0.0;
+    if (arg >= 0) rest += en;
+    const double S = 1.0 + rest;
+    // rounding is monotone: max_j fl(e_j / S) = fl(max_j e_j / S); the loop then has no
+    // reduction and its divisions vectorise
+    pmax = emax / S;
+    for (index_t j = 0; j < m; ++j) {
+      p[j] /= S;
+      P[j] = p[j];
+    }
+    row.p_null = en / S;
+    row.lse = M + std::log1p(rest);
+  }
+  row_pieces(c, row, lg, prow);
+  // the squared weights scaled by f^2 where they would underflow (prob_mix_from_folded)
+  const double f = bounds::prob_mix_scale(pmax);
+  w.f = f;
+  const double *gj = row.p_wc.data(), *k2 = prow.kappa2.data();
+  double swr = 0, spr = 0;
+  if (!mixR) {
+    std::copy(gj, gj + m, G);
+  } else {
+    for (index_t j = 0; j < m; ++j) {
+      G[j] = gj[j];
+      const double fp = f * p[j], wj = fp * fp * k2[j];
+      Wr[j] = wj;
+      Zw[j] = wj + fp * fp;
+      swr += wj;
+      spr += p[j];
+    }
+    // Z's shared-event part, sigma^2 (f sp) (f p_j) (scaled as prob_mix_from_folded asks; f p_j
+    // formed first: f alone may be near the top of the double range)
+    const double cz = prow.sigma * prow.sigma * (f * spr);
+    if (cz != 0.0)
+      for (index_t j = 0; j < m; ++j) Zw[j] += cz * (f * p[j]);
+  }
+  w.sw = swr;
+  w.sp = spr;
 }
 
 }  // namespace
@@ -232,70 +304,13 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     double* P = ws.P3.data() + nL + r * Lp + off;
     double* Wr = ws.P3.data() + 2 * nL + r * Lp + off;
     double* G = ws.G.data() + r * Lp + off;
-    row_logits(c, row, dot, Q, bias.data(), lg);
-    // the reference: M, e_j = exp(z_j - M), S = sum; LSE1 = M + log1p(sum of the terms other than
-    // the maximal one, whose exponential is exactly 1)
-    row.p.resize(static_cast<std::size_t>(m));  // set below on every path
-    double M = has_null ? s : -kInf, pmax = 0;
-    index_t arg = -1;  // -1: the null (or none)
-    if (lg.zmax > M) {
-      M = lg.zmax;
-      arg = lg.arg;
-    }
-    double* p = row.p.data();
-    if (std::isinf(M)) {  // a +inf null logit: all on the null; else no term at all: the documented zero
-      std::fill(p, p + m, 0.0);
-      std::fill(P, P + m, 0.0);
-      row.lse = M;
-      row.p_null = M > 0 ? 1.0 : 0.0;
-    } else {
-      const double* z = lg.z.data();
-      double rest = 0, emax = 0;
-      for (index_t j = 0; j < m; ++j) {
-        const double e = std::isinf(z[j]) ? 0.0 : std::exp(z[j] - M);
-        p[j] = e;
-        emax = std::max(emax, e);
-        if (j != arg) rest += e;
-      }
-      const double en = has_null ? std::exp(s - M) : 0.0;
-      if (arg >= 0) rest += en;
-      const double S = 1.0 + rest;
-      // rounding is monotone: max_j fl(e_j / S) = fl(max_j e_j / S); the loop then has no
-      // reduction and its divisions vectorise
-      pmax = emax / S;
-      for (index_t j = 0; j < m; ++j) {
-        p[j] /= S;
-        P[j] = p[j];
-      }
-      row.p_null = en / S;
-      row.lse = M + std::log1p(rest);
-    }
-    row_pieces(c, row, lg, prs[static_cast<std::size_t>(r)]);
-    // the squared weights scaled by f^2 where they would underflow (prob_mix_from_folded)
-    const double f = bounds::prob_mix_scale(pmax);
-    ws.fs[static_cast<std::size_t>(r)] = f;
-    const bounds::ProbRow& prow = prs[static_cast<std::size_t>(r)];
-    const double *gj = row.p_wc.data(), *k2 = prow.kappa2.data();
-    double swr = 0, spr = 0;
-    if (!mixR) {
-      std::copy(gj, gj + m, G);
-    } else {
-      for (index_t j = 0; j < m; ++j) {
-        G[j] = gj[j];
-        const double fp = f * p[j], wj = fp * fp * k2[j];
-        Wr[j] = wj;
-        Zw[j] = wj + fp * fp;
-        swr += wj;
-        spr += p[j];
-      }
-      // Z's shared-event part, sigma^2 (f sp) (f p_j) (scaled as prob_mix_from_folded asks; f p_j
-      // formed first: f alone may be near the top of the double range)
-      const double cz = prow.sigma * prow.sigma * (f * spr);
-      if (cz != 0.0)
-        for (index_t j = 0; j < m; ++j) Zw[j] += cz * (f * p[j]);
-    }
-    ws.sw[static_cast<std::size_t>(r)] = swr;
-    ws.sp[static_cast<std::size_t>(r)] = spr;
+    RowWeights w{Zw, P, Wr, G};
+    row.fused = fused_row(c, row, dot, Q, mixR, lg, prs[static_cast<std::size_t>(r)], w);
+    if (!row.fused)
+      general_row(c, row, dot, Q, bias.data(), mixR, lg, prs[static_cast<std::size_t>(r)], w);
+    ws.fs[static_cast<std::size_t>(r)] = w.f;
+    ws.sw[static_cast<std::size_t>(r)] = w.sw;
+    ws.sp[static_cast<std::size_t>(r)] = w.sp;
   }
   // mixing sums: [A; X1] = [P; W] V, Z = Zw V^2, V1 = P |V|, G1 = G |V| (without R: A = P V, V1
   // and G1)
@@ -309,7 +324,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
   g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
   g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
-  const bounds::Precision dp = bounds::Precision::of<double>();
+  const bounds::Precision dp = own_precision();
   for (index_t r = 0; r < n; ++r) {
     AttnRow& row = out[static_cast<std::size_t>(r)];
     const bounds::ProbRow& pr = prs[static_cast<std::size_t>(r)];

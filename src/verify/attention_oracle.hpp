@@ -8,8 +8,8 @@
 //   out_c     1.02 (u (G1_c + m V1_c) + floor absv_c) + underflow_floor(m),
 //             probabilistic 1.02 lambda u R_c + floor absv_c + underflow_floor(m)
 // with G1_c = sum_j b1.p_j |v_jc|, V1_c = sum_j p_j |v_jc|, absv_c = sum over the visible range of
-// |v_jc|. The fast oracle's own error is the worst-case bound at u = 2^-53 (every summation order
-// is covered), so a row of the fast oracle carries its error, a row of the mp50 oracle none.
+// |v_jc|. The fast oracle's own error is the worst-case bound at own_precision() (every summation
+// order is covered), so a row of the fast oracle carries its error, a row of the mp50 oracle none.
 #pragma once
 
 #include <vector>
@@ -27,6 +27,13 @@ namespace oasis::verify::detail {
 /// (a floor's factor: never below the range's sum, however much a large earlier term cancels).
 inline double range_sum(double lo, double hi, index_t n) {
   return (hi - lo) + 2.0 * static_cast<double>(n + 1) * unit_roundoff<double>() * hi;
+}
+
+/// The fast oracle's own rounding model: the worst-case bounds at u = 2^-52, twice double's unit
+/// roundoff, because its exponentials (oracle_exp.hpp) are within 4u where the bounds assume 2u; every
+/// other term of the bounds only grows with u.
+inline bounds::Precision own_precision() {
+  return {2.0 * unit_roundoff<double>(), bounds::Precision::of<double>().p_floor};
 }
 
 /// One attention call as the engine holds it: inputs exact in double, in either layout.
@@ -67,6 +74,7 @@ struct AttnRow {
   index_t b = 0, h = 0, t = 0;
   KeyRange kr;                           ///< visible keys
   bool exact = false;                    ///< computed in mp50
+  bool fused = false;                    ///< computed by the fast oracle's fused path (its common case)
   bool has_null = false;
   // reference (double; the mp50 values too when exact)
   std::vector<double> out, p;            ///< out[d_v]; p over kr (m)

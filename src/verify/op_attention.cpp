@@ -52,7 +52,7 @@ index_t flat_of(const AttnCall& c, const RowId& r, Kind k, index_t e) {
 
 /// Judges element e of row r for target t; false when undecided.
 bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Policy policy, TensorCheck& chk) {
-  static const bounds::Precision dp = bounds::Precision::of<double>();
+  static const bounds::Precision dp = own_precision();
   ElemBounds eb, own;
   double hi = 0, mix = 0, rho = r.rho;
   const mp50* exact = nullptr;

@@ -10,15 +10,32 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "attention_oracle.hpp"
+#include "oracle_exp.hpp"
 #include "oasis_random.hpp"
 
 namespace det = oasis::verify::detail;
 using oasis::index_t;
 using oasis::Tensor;
+
+namespace {
+/// The fast oracle's rows of every query of the call's (b 0, head 0).
+std::vector<det::AttnRow> fast_rows_of(const det::AttnCall& c) {
+  det::AttnPacked pk;
+  det::pack_kv(c, 0, 0, pk);
+  det::AttnWorkspace ws;
+  std::vector<index_t> ts(static_cast<std::size_t>(c.s.Tq));
+  for (index_t t = 0; t < c.s.Tq; ++t) ts[static_cast<std::size_t>(t)] = t;
+  std::vector<det::AttnRow> rows;
+  det::fast_rows(c, pk, 0, ts.data(), c.s.Tq, ws, rows);
+  return rows;
+}
+}  // namespace
 
 TEST(AttentionOracle, FastRowsMixtureBoundIsTheMp50RowsAtEverySink) {
   auto rng = oasis::test::make_rng(401);
@@ -33,12 +50,7 @@ TEST(AttentionOracle, FastRowsMixtureBoundIsTheMp50RowsAtEverySink) {
     o.normalizer = oasis::RowNorm::softmax1;
     o.null_logits = {sink};
     const det::AttnCall c(q, k, v, o);
-    det::AttnPacked pk;
-    det::pack_kv(c, 0, 0, pk);
-    det::AttnWorkspace ws;
-    std::vector<det::AttnRow> fast;
-    const std::vector<index_t> ts = {0, 1, 2};
-    det::fast_rows(c, pk, 0, ts.data(), Tq, ws, fast);
+    const std::vector<det::AttnRow> fast = fast_rows_of(c);
     ASSERT_EQ(fast.size(), static_cast<std::size_t>(Tq));
     for (index_t t = 0; t < Tq; ++t) {
       const det::AttnRow exact = det::mp50_row(c, 0, 0, t);
@@ -53,5 +65,117 @@ TEST(AttentionOracle, FastRowsMixtureBoundIsTheMp50RowsAtEverySink) {
             << at << ": fast " << f.out_R[xu] << " mp50 " << exact.out_R[xu] << " rho " << f.rho_out[xu];
       }
     }
+  }
+}
+
+// Every piece of the fast rows against the mp50 rows of the same call: the references within the
+// fast row's own bound (plus the mp50 value's rounding to double), every bound piece within the
+// relative uncertainty the fast row declares (rho), for plain softmax and softmax1 from a negative
+// sink to one that leaves the keys' exponentials near the bottom of oracle_exp's range (the fused
+// rows: fused_row of attention_oracle.cpp), and beyond it and with a bias (the general rows).
+TEST(AttentionOracle, FastRowsEveryPieceIsTheMp50RowsOnBothPaths) {
+  auto rng = oasis::test::make_rng(402);
+  const index_t Tq = 3, Tk = 300, d = 32;
+  const oasis::bounds::Precision own = det::own_precision();
+  int fused = 0, general = 0;
+  for (double sink : {-1e300, -3.0, 0.0, 5.0, 650.0, 720.0}) {  // -1e300: plain softmax; 720: beyond oracle_exp
+    for (bool with_bias : {false, true}) {
+      const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng, 2.0);
+      const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng, 2.0);
+      const Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+      oasis::AttentionOptions o;
+      if (sink > -1e300) {
+        o.normalizer = oasis::RowNorm::softmax1;
+        o.null_logits = {sink};
+      }
+      if (with_bias) o.bias = oasis::test::randn<double>({Tq, Tk}, rng);
+      const det::AttnCall c(q, k, v, o);
+      const std::vector<det::AttnRow> fast = fast_rows_of(c);
+      for (index_t t = 0; t < Tq; ++t) {
+        const det::AttnRow& f = fast[static_cast<std::size_t>(t)];
+        const det::AttnRow g = det::mp50_row(c, 0, 0, t);
+        const std::string at = (sink > -1e300 ? "sink " + std::to_string(sink) : std::string("softmax")) +
+                               (with_bias ? " bias" : "") + " row " + std::to_string(t);
+        EXPECT_EQ(f.fused, !with_bias && sink < 700) << at;
+        (f.fused ? fused : general)++;
+        auto near = [&](double a, double b, double tol, const std::string& what) {
+          EXPECT_LE(std::abs(a - b), tol + std::abs(b) * 0x1p-53) << at << " " << what << ": fast " << a << " mp50 " << b;
+        };
+        near(f.lse, g.lse, f.lse_bounds(own).wc, "lse");
+        near(f.p_null, g.p_null, f.p_null_bounds(own).wc, "p_null");
+        near(f.lse_wc, g.lse_wc, f.rho * g.lse_wc, "lse_wc");
+        near(f.lse_R, g.lse_R, f.rho * g.lse_R, "lse_R");
+        near(f.p_null_wc, g.p_null_wc, f.rho * g.p_null_wc, "p_null_wc");
+        near(f.p_null_R, g.p_null_R, f.rho * g.p_null_R, "p_null_R");
+        ASSERT_EQ(f.p.size(), g.p.size()) << at;
+        ASSERT_EQ(f.p_R.size(), g.p_R.size()) << at;
+        for (std::size_t j = 0; j < f.p.size(); ++j) {
+          const auto jj = static_cast<index_t>(j);
+          near(f.p[j], g.p[j], f.p_bounds(jj, own).wc, "p_" + std::to_string(j));
+          near(f.p_wc[j], g.p_wc[j], f.rho * g.p_wc[j], "p_wc_" + std::to_string(j));
+          near(f.p_R[j], g.p_R[j], f.rho * g.p_R[j], "p_R_" + std::to_string(j));
+          EXPECT_EQ(f.masked[j], g.masked[j]) << at;
+        }
+        for (index_t x = 0; x < d; ++x) {
+          const auto xu = static_cast<std::size_t>(x);
+          near(f.out[xu], g.out[xu], f.err_out[xu], "out_" + std::to_string(x));
+          near(f.out_R[xu], g.out_R[xu], f.rho_out[xu] * g.out_R[xu], "out_R_" + std::to_string(x));
+          near(f.G1[xu], g.G1[xu], f.rho_out[xu] * g.G1[xu], "G1_" + std::to_string(x));
+          near(f.V1[xu], g.V1[xu], f.rho_out[xu] * g.V1[xu], "V1_" + std::to_string(x));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(fused, 15);
+  EXPECT_EQ(general, 21);
+}
+
+namespace {
+double exp_rel_error(double x, double (*f)(double)) {
+  const long double e = expl(static_cast<long double>(x));
+  return static_cast<double>(std::fabs((static_cast<long double>(f(x)) - e) / e));
+}
+double exp_plain(double x) { return det::oracle_exp(x); }
+#if defined(__x86_64__) && defined(__GNUC__)
+// the same function with fused multiply-adds (GCC contracts a * b + c under this target), as the
+// oracle's AVX2 and AVX-512 versions run it
+__attribute__((target("avx2,fma"))) double exp_fma(double x) { return det::oracle_exp(x); }
+#endif
+}  // namespace
+
+// oracle_exp (src/verify/oracle_exp.hpp) against expl on its range [-708, 0]: random and structured
+// arguments (the reduction's boundaries at odd multiples of ln(2) / 2, the ends, tiny arguments),
+// with and without fused multiply-add: within its stated 4u; exactly 1 at 0.
+TEST(OracleExp, WithinFourUnitRoundoffsOnItsRange) {
+  std::vector<double (*)(double)> fs = {&exp_plain};
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) fs.push_back(&exp_fma);
+#endif
+  auto rng = oasis::test::make_rng(403);
+  std::uniform_real_distribution<double> wide(det::kOracleExpMin, 0.0), narrow(-1.0, 0.0);
+  std::vector<double> xs = {det::kOracleExpMin, -0.0, 0.0, -0x1p-60, -1e-300, -0.5, -1.0, -700.0};
+  for (int i = 0; i < 1 << 20; ++i) xs.push_back(wide(rng));
+  for (int i = 0; i < 1 << 18; ++i) xs.push_back(narrow(rng));
+  for (int k = 1; k <= 2043; k += 2)  // x log2(e) at n + 1/2: the reduction's widest |r|
+    for (double dx : {-0x1p-40, 0.0, 0x1p-40}) {
+      const double x = -k * 0.5 * std::log(2.0) + dx;
+      if (x >= det::kOracleExpMin) xs.push_back(x);
+    }
+  const double u = 0x1p-53;
+  for (auto* f : fs) {
+    double worst = 0, worst_at = 0;
+    for (double x : xs) {
+      const double e = exp_rel_error(x, f);
+      if (e > worst) {
+        worst = e;
+        worst_at = x;
+      }
+    }
+    std::printf("oracle_exp (%s): largest relative error %.3f u at x = %.17g over %zu arguments\n",
+                f == &exp_plain ? "baseline" : "fma", worst / u, worst_at, xs.size());
+    EXPECT_LE(worst, 4.0 * u) << "at x = " << worst_at;
+    EXPECT_EQ(f(0.0), 1.0);
+    EXPECT_EQ(f(-0.0), 1.0);
   }
 }

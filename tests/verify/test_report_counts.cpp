@@ -5,6 +5,8 @@
 // reference, whose own error there exceeds the error it measures, say what they can be at most.
 #include <gtest/gtest.h>
 
+#include <iomanip>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -145,7 +147,11 @@ TEST(ReportCounts, FiguresAgainstADoubleReferenceSayWhatTheyCanBeAtMost) {
   ASSERT_NE(at, std::string::npos) << f.bound;
   const double most = std::stod(f.bound.substr(at + tag.size()));
   EXPECT_GE(most, m.max_abs) << f.bound;
-  EXPECT_LT(f.max_abs, m.max_abs);  // what the double reference measures: not the exact figure
+  // what the double reference measures lies within its own error of the exact figure, on either side
+  // (here, with the fused rows' reference, it happens to be the exact figure to the last bit)
+  const double own = most - f.max_abs;
+  EXPECT_GT(own, 0.0) << f.bound;
+  EXPECT_GE(m.max_abs, f.max_abs - own) << std::setprecision(17) << f.max_abs << " " << m.max_abs << " " << most;
   EXPECT_EQ(m.bound.find(tag), std::string::npos) << m.bound;  // mp50's figures are exact
 }
 

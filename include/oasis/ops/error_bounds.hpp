@@ -70,6 +70,16 @@ inline double underflow_floor(const Precision& pr, index_t m) {
   return pr.p_floor * (1.0 + 0.25 * static_cast<double>(m)) + 2.0 * pr.flush * static_cast<double>(m);
 }
 
+/// a_k of the header: the rounding of x_k = z_k - M and of its exponential (within 2u), relative.
+inline double exp_term_error(double z, double M, double u) { return u * (std::abs(z - M) + 2.0); }
+/// rel(p_k) of the header: a_k + D_k + sigma + 2u, with the second-order factor.
+inline double term_rel_bound(double a, double D, double sigma, double u) { return kSecondOrder * (a + D + sigma + 2.0 * u); }
+/// |dLSE| of the header: sigma + 2u log S + u |LSE|, with log S = LSE - M (>= 0), and the second-order factor.
+inline double lse_bound(double sigma, double lse_ref, double M, double u) {
+  const double logS = std::max(0.0, lse_ref - M);
+  return kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref));
+}
+
 /// Bounds of one normalised row.
 struct RowBound {
   std::vector<double> p;   ///< per real category
@@ -106,23 +116,21 @@ inline void row_bound_into(const Precision& pr, RowNorm kind, const double* z, c
   }
   if (std::isinf(M)) return exact();  // plain softmax, fully masked: documented zero, exact
   const double u = pr.u;
-  auto a = [&](double x) { return u * (std::abs(x - M) + 2.0); };
-  double sigma = has_null ? p_null_ref * (a(s) + s_err) : 0.0;
+  double sigma = has_null ? p_null_ref * (exp_term_error(s, M, u) + s_err) : 0.0;
   for (index_t j = 0; j < m; ++j)
-    if (!std::isinf(z[j])) sigma += p_ref[j] * (a(z[j]) + (z_err ? z_err[j] : 0.0));
+    if (!std::isinf(z[j])) sigma += p_ref[j] * (exp_term_error(z[j], M, u) + (z_err ? z_err[j] : 0.0));
   sigma += static_cast<double>(std::max<index_t>(terms - 1, 0)) * u;
   double rel_max = 0;  // a local: a field of b could alias the arrays, and its store each step serialises the loop
   for (index_t j = 0; j < m; ++j) {
     const bool masked = std::isinf(z[j]);
-    const double rel = masked ? 0.0 : kSecondOrder * (a(z[j]) + (z_err ? z_err[j] : 0.0) + sigma + 2.0 * u);
+    const double rel = masked ? 0.0 : term_rel_bound(exp_term_error(z[j], M, u), z_err ? z_err[j] : 0.0, sigma, u);
     b.rel[static_cast<std::size_t>(j)] = rel;
     rel_max = std::max(rel_max, rel);
     b.p[static_cast<std::size_t>(j)] = masked ? 0.0 : rel * std::abs(p_ref[j]) + pr.p_floor;
   }
   b.rel_max = rel_max;
-  if (has_null) b.p_null = kSecondOrder * (a(s) + s_err + sigma + 2.0 * u) * p_null_ref + pr.p_floor;
-  const double logS = std::max(0.0, lse_ref - M);
-  b.lse = kSecondOrder * (sigma + 2.0 * u * logS + u * std::abs(lse_ref));
+  if (has_null) b.p_null = term_rel_bound(exp_term_error(s, M, u), s_err, sigma, u) * p_null_ref + pr.p_floor;
+  b.lse = lse_bound(sigma, lse_ref, M, u);
 }
 /// row_bound_into on a fresh RowBound.
 inline RowBound row_bound(const Precision& pr, RowNorm kind, const double* z, const double* z_err, index_t m,

@@ -13,9 +13,10 @@
 #include "oracle_exp.hpp"
 
 // fused_row compiled for the baseline and for AVX2 and AVX-512 (with fused multiply-add), the version
-// chosen when first called: its loops vectorise to the CPU's width (GCC's function multiversioning;
-// one version with other compilers)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// chosen when first called: its loops vectorise to the CPU's width. GCC's function multiversioning
+// needs GCC 12 (the architecture levels) and an ELF glibc target (ifunc); elsewhere one version.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && __GNUC__ >= 12 && \
+    defined(__ELF__) && defined(__GLIBC__)
 #define OASIS_ROW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define OASIS_ROW_CLONES
@@ -157,10 +158,12 @@ OASIS_ROW_CLONES bool fused_row(const AttnCall& c, AttnRow& row, const double* d
   bounds::prob_row_finish(M, row.lse, has_null ? s : 0.0, row.p_null, pr);
   if (!has_null) pr.p_null = 0.0;
   row.p_R.resize(c.probs_needed ? mu : 0);
-  double* pR = row.p_R.data();
-  const double lse = row.lse;
-  const bounds::ProbRow& prc = pr;
-  for (index_t j = 0; j < m && c.probs_needed; ++j) pR[j] = bounds::prob_term_R(p[j], k2[j], z[j], lse, prc);
+  if (c.probs_needed) {
+    double* pR = row.p_R.data();
+    const double lse = row.lse;
+    const bounds::ProbRow& prc = pr;
+    for (index_t j = 0; j < m; ++j) pR[j] = bounds::prob_term_R(p[j], k2[j], z[j], lse, prc);
+  }
   row.lse_R = pr.lse;
   row.p_null_R = pr.p_null;
   in_lse_convention(c, row, L, nullptr);

@@ -37,7 +37,8 @@ void in_lse_convention(const AttnCall& c, AttnRow& r, const Logits& L, const mp5
 
 /// A row of fast_rows on the common case (attention_oracle_fused.cpp): with its scores dot and Q,
 /// sets the row's reference and pieces, L, pr and w as the general path does, and returns true; on
-/// any other row returns false with nothing of the row's results set.
+/// any other row returns false with nothing of the row's results set (L perhaps written: the general
+/// path's row_logits sets it again).
 bool fused_row(const AttnCall& c, AttnRow& row, const double* dot, const double* Q, bool mixR, Logits& L,
                bounds::ProbRow& pr, RowWeights& w);
 

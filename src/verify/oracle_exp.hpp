@@ -1,29 +1,35 @@
 // src/verify/oracle_exp.hpp — e^x in double for x in [-708, 0], branch-free so that loops over a
-// row's keys vectorise (the forward fast oracle's exponentials, attention_oracle.cpp).
+// row's keys vectorise (the forward fast oracle's exponentials, attention_oracle_fused.cpp).
 //
 // Relative error below 4u (u = 2^-53), twice the 2u that the bounds assume of an exp: the fast
 // oracle's own error is therefore its worst-case bound at 2u (own_precision(), attention_oracle.hpp).
-// Derivation (round to nearest; with or without fused multiply-add, which only removes roundings):
+// Derivation (round to nearest, FLT_EVAL_METHOD 0; with or without fused multiply-add, which only
+// removes roundings):
 //  - n = nearest integer to x log2(e), read from t = x log2(e) + 1.5 2^52, whose low bits hold n
-//    (|n| <= 1022); |x - n ln2| <= 0.3466 + 2^-40.
+//    (-1021 <= n <= 0 on the range); |x - n ln2| <= 0.3466 + 2^-40.
 //  - r = (x - n L_hi) - n L_lo, L_hi + L_lo = ln 2 within 2^-85 (L_hi has 32 significant bits):
-//    n L_hi is exact, the difference is exact (Sterbenz), so r is within u |r| + 2^-74 of x - n ln2:
-//    a relative error of at most 0.35 u + 2^-74 in e^r.
+//    n L_hi is exact, and so is the difference, since x and n L_hi are multiples of ulp(x) (or of
+//    ulp(n L_hi) when |x| < 1/2) and |r| < 0.35; r is within u |r| + 2^-74 of x - n ln2: a relative
+//    error of at most 0.35 u + 2^-74 in e^r.
 //  - e^r by Horner's rule on the Taylor polynomial of degree 13: truncation below r^14 / 14! e^|r|
-//    < 0.02 u; the coefficients 1/k! rounded, below u (e^|r| - 1 - |r|) < 0.07 u absolute. Each
-//    step q_k = q_{k+1} r + c_k rounds twice at most: err(q_k) <= u (|q_k| + |q_{k+1} r|) +
-//    |r| err(q_{k+1}), with q_1 = (e^r - 1) / r <= 1.19, q_2 <= 0.56, q_3 <= 0.19: err(q_2) <= 0.70 u,
-//    err(q_1) <= 1.64 u, and the last step adds u |e^r| + 0.98 u; over e^r >= 0.707 that is
-//    at most 2.39 u relative, 2.85 u with the rest.
+//    <= 0.053 u of e^r; the coefficients 1/k! rounded, below u (e^|r| - 1 - |r|) <= 0.07 u
+//    absolute, 0.099 u of e^r >= 0.707. Each step q_k = q_{k+1} r + c_k rounds twice at most:
+//    err(q_k) <= u (|q_k| + |q_{k+1} r|) + |r| err(q_{k+1}), with q_1 = (e^r - 1) / r <= 1.2,
+//    q_2 <= 0.56, q_3 <= 0.19: err(q_2) <= 0.71 u, err(q_1) <= 1.65 u, and the last step adds
+//    u |e^r| + 1.0 u: at most 2.41 u of e^r, 2.92 u with the rest.
 //  - e^x = e^r 2^n: 2^n is built from n's bits (n >= -1021 for x >= -708, so it and the product are
 //    normal) and the product is exact.
-// tests/verify/test_oracle_exp.cpp measures it against expl on the whole range.
+// OracleExp.WithinFourUnitRoundoffsOnItsRange (tests/verify/test_attention_oracle.cpp) measures it
+// against expl on the whole range, with and without fused multiply-add.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 
 namespace oasis::verify::detail {
+
+static_assert(FLT_EVAL_METHOD == 0, "oracle_exp reads n from a double rounded to double (no wider evaluation)");
 
 /// The arguments oracle_exp takes: x in [kOracleExpMin, 0].
 inline constexpr double kOracleExpMin = -708.0;

@@ -68,66 +68,110 @@ TEST(AttentionOracle, FastRowsMixtureBoundIsTheMp50RowsAtEverySink) {
   }
 }
 
-// Every piece of the fast rows against the mp50 rows of the same call: the references within the
-// fast row's own bound (plus the mp50 value's rounding to double), every bound piece within the
-// relative uncertainty the fast row declares (rho), for plain softmax and softmax1 from a negative
-// sink to one that leaves the keys' exponentials near the bottom of oracle_exp's range (the fused
-// rows: fused_row of attention_oracle.cpp), and beyond it and with a bias (the general rows).
+namespace {
+/// Every piece of the fast rows of the call's (b 0, head 0) against its mp50 rows: the references
+/// within the fast row's own bound (plus the mp50 value's rounding to double), every bound piece
+/// within the relative uncertainty the fast row declares (rho); each row's path as `fused` says.
+/// Counts the rows of each path into n_fused, n_general.
+void expect_rows_are_the_mp50_rows(const det::AttnCall& c, bool fused, const std::string& label, int& n_fused,
+                                   int& n_general) {
+  const oasis::bounds::Precision own = det::own_precision();
+  const std::vector<det::AttnRow> fast = fast_rows_of(c);
+  for (index_t t = 0; t < c.s.Tq; ++t) {
+    const det::AttnRow& f = fast[static_cast<std::size_t>(t)];
+    const det::AttnRow g = det::mp50_row(c, 0, 0, t);
+    const std::string at = label + " row " + std::to_string(t);
+    EXPECT_EQ(f.fused, fused) << at;
+    (f.fused ? n_fused : n_general)++;
+    auto near = [&](double a, double b, double tol, const std::string& what) {
+      EXPECT_LE(std::abs(a - b), tol + std::abs(b) * 0x1p-53) << at << " " << what << ": fast " << a << " mp50 " << b;
+    };
+    near(f.lse, g.lse, f.lse_bounds(own).wc, "lse");
+    near(f.p_null, g.p_null, f.p_null_bounds(own).wc, "p_null");
+    near(f.lse_wc, g.lse_wc, f.rho * g.lse_wc, "lse_wc");
+    near(f.lse_R, g.lse_R, f.rho * g.lse_R, "lse_R");
+    near(f.p_null_wc, g.p_null_wc, f.rho * g.p_null_wc, "p_null_wc");
+    near(f.p_null_R, g.p_null_R, f.rho * g.p_null_R, "p_null_R");
+    ASSERT_EQ(f.p.size(), g.p.size()) << at;
+    ASSERT_EQ(f.p_R.size(), g.p_R.size()) << at;  // empty without the probabilities' bounds
+    ASSERT_EQ(f.masked.size(), g.masked.size()) << at;
+    for (std::size_t j = 0; j < f.p.size(); ++j) {
+      const auto jj = static_cast<index_t>(j);
+      // (p_bounds reads p_R, which is empty without the probabilities' bounds)
+      near(f.p[j], g.p[j], f.p_R.empty() ? own.u * f.p_wc[j] + own.p_floor : f.p_bounds(jj, own).wc, "p_" + std::to_string(j));
+      near(f.p_wc[j], g.p_wc[j], f.rho * g.p_wc[j], "p_wc_" + std::to_string(j));
+      if (!f.p_R.empty()) near(f.p_R[j], g.p_R[j], f.rho * g.p_R[j], "p_R_" + std::to_string(j));
+      EXPECT_EQ(f.masked[j], g.masked[j]) << at;
+    }
+    for (index_t x = 0; x < c.s.d_v; ++x) {
+      const auto xu = static_cast<std::size_t>(x);
+      near(f.out[xu], g.out[xu], f.err_out[xu], "out_" + std::to_string(x));
+      if (c.mix_R_needed) near(f.out_R[xu], g.out_R[xu], f.rho_out[xu] * g.out_R[xu], "out_R_" + std::to_string(x));
+      near(f.G1[xu], g.G1[xu], f.rho_out[xu] * g.G1[xu], "G1_" + std::to_string(x));
+      near(f.V1[xu], g.V1[xu], f.rho_out[xu] * g.V1[xu], "V1_" + std::to_string(x));
+    }
+  }
+}
+}  // namespace
+
+// The fast rows against the mp50 rows on both paths: plain softmax and softmax1 from a negative sink
+// to one that leaves the keys' exponentials near the bottom of oracle_exp's range (the fused rows:
+// fused_row of attention_oracle_fused.cpp), beyond it and with a bias (the general rows); without
+// the probabilities' and the mixtures' probabilistic pieces, in the other LSE conventions, with a
+// single key, and with every logit tied for the maximum.
 TEST(AttentionOracle, FastRowsEveryPieceIsTheMp50RowsOnBothPaths) {
   auto rng = oasis::test::make_rng(402);
   const index_t Tq = 3, Tk = 300, d = 32;
-  const oasis::bounds::Precision own = det::own_precision();
   int fused = 0, general = 0;
-  for (double sink : {-1e300, -3.0, 0.0, 5.0, 650.0, 720.0}) {  // -1e300: plain softmax; 720: beyond oracle_exp
+  auto options = [](double sink) {  // -1e300: plain softmax
+    oasis::AttentionOptions o;
+    if (sink > -1e300) {
+      o.normalizer = oasis::RowNorm::softmax1;
+      o.null_logits = {sink};
+    }
+    return o;
+  };
+  for (double sink : {-1e300, -3.0, 0.0, 5.0, 650.0, 720.0}) {  // 720: beyond oracle_exp
     for (bool with_bias : {false, true}) {
       const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng, 2.0);
       const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng, 2.0);
       const Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
-      oasis::AttentionOptions o;
-      if (sink > -1e300) {
-        o.normalizer = oasis::RowNorm::softmax1;
-        o.null_logits = {sink};
-      }
+      oasis::AttentionOptions o = options(sink);
       if (with_bias) o.bias = oasis::test::randn<double>({Tq, Tk}, rng);
       const det::AttnCall c(q, k, v, o);
-      const std::vector<det::AttnRow> fast = fast_rows_of(c);
-      for (index_t t = 0; t < Tq; ++t) {
-        const det::AttnRow& f = fast[static_cast<std::size_t>(t)];
-        const det::AttnRow g = det::mp50_row(c, 0, 0, t);
-        const std::string at = (sink > -1e300 ? "sink " + std::to_string(sink) : std::string("softmax")) +
-                               (with_bias ? " bias" : "") + " row " + std::to_string(t);
-        EXPECT_EQ(f.fused, !with_bias && sink < 700) << at;
-        (f.fused ? fused : general)++;
-        auto near = [&](double a, double b, double tol, const std::string& what) {
-          EXPECT_LE(std::abs(a - b), tol + std::abs(b) * 0x1p-53) << at << " " << what << ": fast " << a << " mp50 " << b;
-        };
-        near(f.lse, g.lse, f.lse_bounds(own).wc, "lse");
-        near(f.p_null, g.p_null, f.p_null_bounds(own).wc, "p_null");
-        near(f.lse_wc, g.lse_wc, f.rho * g.lse_wc, "lse_wc");
-        near(f.lse_R, g.lse_R, f.rho * g.lse_R, "lse_R");
-        near(f.p_null_wc, g.p_null_wc, f.rho * g.p_null_wc, "p_null_wc");
-        near(f.p_null_R, g.p_null_R, f.rho * g.p_null_R, "p_null_R");
-        ASSERT_EQ(f.p.size(), g.p.size()) << at;
-        ASSERT_EQ(f.p_R.size(), g.p_R.size()) << at;
-        for (std::size_t j = 0; j < f.p.size(); ++j) {
-          const auto jj = static_cast<index_t>(j);
-          near(f.p[j], g.p[j], f.p_bounds(jj, own).wc, "p_" + std::to_string(j));
-          near(f.p_wc[j], g.p_wc[j], f.rho * g.p_wc[j], "p_wc_" + std::to_string(j));
-          near(f.p_R[j], g.p_R[j], f.rho * g.p_R[j], "p_R_" + std::to_string(j));
-          EXPECT_EQ(f.masked[j], g.masked[j]) << at;
-        }
-        for (index_t x = 0; x < d; ++x) {
-          const auto xu = static_cast<std::size_t>(x);
-          near(f.out[xu], g.out[xu], f.err_out[xu], "out_" + std::to_string(x));
-          near(f.out_R[xu], g.out_R[xu], f.rho_out[xu] * g.out_R[xu], "out_R_" + std::to_string(x));
-          near(f.G1[xu], g.G1[xu], f.rho_out[xu] * g.G1[xu], "G1_" + std::to_string(x));
-          near(f.V1[xu], g.V1[xu], f.rho_out[xu] * g.V1[xu], "V1_" + std::to_string(x));
-        }
-      }
+      const std::string label = (sink > -1e300 ? "sink " + std::to_string(sink) : std::string("softmax")) +
+                                (with_bias ? " bias" : "");
+      expect_rows_are_the_mp50_rows(c, !with_bias && sink < 700, label, fused, general);
     }
   }
   EXPECT_EQ(fused, 15);
   EXPECT_EQ(general, 21);
+  fused = general = 0;
+  const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng, 2.0);
+  const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng, 2.0);
+  const Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+  for (double sink : {-1e300, 5.0}) {
+    const oasis::AttentionOptions o = options(sink);
+    const std::string label = sink > -1e300 ? "sink 5" : "softmax";
+    det::AttnCall bare(q, k, v, o);
+    bare.probs_needed = bare.mix_R_needed = false;
+    expect_rows_are_the_mp50_rows(bare, true, label + ", no probs, no R", fused, general);
+    for (const det::LseConvention cv : {det::LseConvention{true, false}, det::LseConvention{false, true}, det::LseConvention{true, true}}) {
+      det::AttnCall conv(q, k, v, o);
+      conv.lse = cv;
+      expect_rows_are_the_mp50_rows(conv, true, label + ", lse " + cv.describe(), fused, general);
+    }
+    const Tensor<double> k1 = oasis::test::randn<double>({1, 1, 1, d}, rng, 2.0);
+    const Tensor<double> v1 = oasis::test::randn<double>({1, 1, 1, d}, rng);
+    expect_rows_are_the_mp50_rows(det::AttnCall(q, k1, v1, o), true, label + ", one key", fused, general);
+    Tensor<double> kt({1, 1, 8, d});  // eight equal keys: every logit ties for the maximum
+    for (index_t j = 0; j < 8; ++j)
+      for (index_t x = 0; x < d; ++x) kt(0, 0, j, x) = k1(0, 0, 0, x);
+    const Tensor<double> vt = oasis::test::randn<double>({1, 1, 8, d}, rng);
+    expect_rows_are_the_mp50_rows(det::AttnCall(q, kt, vt, o), true, label + ", tied keys", fused, general);
+  }
+  EXPECT_EQ(fused, 2 * 6 * Tq);
+  EXPECT_EQ(general, 0);
 }
 
 namespace {

@@ -155,14 +155,12 @@ OASIS_ROW_CLONES bool fused_row(const AttnCall& c, AttnRow& row, const double* d
   pr.terms = terms;
   pr.kappa2_null = has_null ? bounds::prob_kappa2(s * s, s, M) : 0.0;
   pr.sk = sk + (has_null ? row.p_null * row.p_null * pr.kappa2_null : 0.0);
-  bounds::prob_row_finish(M, row.lse, has_null ? s : 0.0, row.p_null, pr);
-  if (!has_null) pr.p_null = 0.0;
+  const double common = bounds::prob_row_finish(M, row.lse, has_null ? s : 0.0, row.p_null, pr);
   row.p_R.resize(c.probs_needed ? mu : 0);
   if (c.probs_needed) {
     double* pR = row.p_R.data();
     const double lse = row.lse;
-    const bounds::ProbRow& prc = pr;
-    for (index_t j = 0; j < m; ++j) pR[j] = bounds::prob_term_R(p[j], k2[j], z[j], lse, prc);
+    for (index_t j = 0; j < m; ++j) pR[j] = bounds::prob_term_R(p[j], k2[j], z[j], lse, common, sigma);
   }
   row.lse_R = pr.lse;
   row.p_null_R = pr.p_null;

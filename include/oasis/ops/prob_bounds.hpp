@@ -56,23 +56,24 @@ struct ProbRow {
 /// kappa^2 of a term with logit z (own-event coefficient sum of squares zeta2) and maximum M.
 inline double prob_kappa2(double zeta2, double z, double M) { return zeta2 + 2.0 * (z - M) * (z - M) + 5.0; }
 
-/// The header's R(p_j) of a real term (logit z, exact p) of a row whose sk, lambda_terms, sigma are set.
-inline double prob_term_R(double p, double kappa2, double z, double lse_ref, const ProbRow& r) {
+/// The header's R(p_j) of a real term (logit z, exact p) of a row with common = Sk + Lambda and sigma.
+inline double prob_term_R(double p, double kappa2, double z, double lse_ref, double common, double sigma) {
   const double d = z - lse_ref;
-  return p * std::sqrt(std::max(0.0, kappa2 * (1.0 - 2.0 * p) + (r.sk + r.lambda_terms) + d * d + 4.0 +
-                                         4.0 * r.sigma * r.sigma));
+  return p * std::sqrt(std::max(0.0, kappa2 * (1.0 - 2.0 * p) + common + d * d + 4.0 + 4.0 * sigma * sigma));
 }
 
 /// The row-level part of the model once r.sk (every term, the null's included), r.terms, r.sigma and
 /// r.kappa2_null are set: Lambda, R(LSE), R(p_0) (the null logit s with exact p_0; 0 without a null).
-inline void prob_row_finish(double M, double lse_ref, double s, double p_null_ref, ProbRow& r) {
+/// Returns Sk + Lambda, the part every R(p_j) shares (prob_term_R).
+inline double prob_row_finish(double M, double lse_ref, double s, double p_null_ref, ProbRow& r) {
   const double logS = std::max(0.0, lse_ref - M);
   r.lambda_terms = 3.0 * static_cast<double>(r.terms) + 4.0 * logS * logS + lse_ref * lse_ref;
   const double common = r.sk + r.lambda_terms, sigma = r.sigma;
   r.lse = std::sqrt(common + sigma * sigma);
-  if (r.terms > r.keys)
-    r.p_null = p_null_ref * std::sqrt(std::max(0.0, r.kappa2_null * (1.0 - 2.0 * p_null_ref) + common +
-                                                        (s - lse_ref) * (s - lse_ref) + 4.0 + sigma * sigma));
+  r.p_null = r.terms > r.keys ? p_null_ref * std::sqrt(std::max(0.0, r.kappa2_null * (1.0 - 2.0 * p_null_ref) + common +
+                                                                         (s - lse_ref) * (s - lse_ref) + 4.0 + sigma * sigma))
+                              : 0.0;
+  return common;
 }
 
 /// The row model, written into `r` (its storage reused: hot loops call it once per row): z (exact
@@ -117,10 +118,10 @@ inline void prob_row_into(RowNorm kind, const double* z, const double* zeta2, in
     r.kappa2_null = prob_kappa2(zeta2_s, s, M);
     r.sk += p_null_ref * p_null_ref * r.kappa2_null;
   }
-  prob_row_finish(M, lse_ref, has_null ? s : 0.0, p_null_ref, r);
+  const double common = prob_row_finish(M, lse_ref, has_null ? s : 0.0, p_null_ref, r);
   for (index_t j = 0; j < m && per_term; ++j)
     r.p[static_cast<std::size_t>(j)] =
-        std::isinf(z[j]) ? 0.0 : prob_term_R(p_ref[j], r.kappa2[static_cast<std::size_t>(j)], z[j], lse_ref, r);
+        std::isinf(z[j]) ? 0.0 : prob_term_R(p_ref[j], r.kappa2[static_cast<std::size_t>(j)], z[j], lse_ref, common, sigma);
 }
 /// prob_row_into on a fresh ProbRow.
 inline ProbRow prob_row(RowNorm kind, const double* z, const double* zeta2, index_t m, double s, double zeta2_s,

@@ -99,17 +99,21 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     g.gemm(w.oa.data(), dv, w.vta.data() + lo, tkp, w.AX.data(), Lp, n, Lp, dv, false);
   }
   const std::size_t ns = specs.size();
+  if (!has_bias && w.bias.size() < at(Tk)) w.bias.assign(at(Tk), 0.0);  // the rows' bias: 0 everywhere
   for (index_t r = 0; r < n; ++r) {
     const index_t t = t0 + r;
     RowInfo& info = ri[at(r)];
     // a row without a key (a window past the padding) may start anywhere: its weights are all zero
     const index_t m = info.kr.count(), off = m > 0 ? info.kr.begin - lo : 0;
-    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2, &w.Rdp, &w.bias}) x->assign(at(m), 0.0);
+    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2}) x->resize(at(m));  // every entry set below
+    if (has_bias) w.bias.resize(at(m));
     const double *S = w.S.data() + r * Lp + off, *AQ = w.AQ.data() + r * Lp + off;
     const double *dP = w.dP.data() + r * Lp + off, *AX = w.AX.data() + r * Lp + off;
+    for (index_t j = 0; j < m && has_bias; ++j) w.bias[at(j)] = attention_bias(c.opt, b, h, t, info.kr.begin + j);
+    const double* bias = w.bias.data();
+#pragma omp simd
     for (index_t j = 0; j < m; ++j) {
-      if (has_bias) w.bias[at(j)] = attention_bias(c.opt, b, h, t, info.kr.begin + j);
-      w.z[at(j)] = scale * S[j] + w.bias[at(j)];  // score_row's z (a -inf bias masks the key)
+      w.z[at(j)] = scale * S[j] + bias[j];  // score_row's z (a -inf bias masks the key)
       w.x[at(j)] = dP[j];
     }
     // the reference row: the forward's normaliser and its backward, as token_attention_backward
@@ -122,34 +126,32 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     const double ds = normalize_row_backward(c.opt.normalizer, w.p.data(), pn, m, w.x.data(), dpn, dl, w.dz.data());
     const std::size_t bh = at((b * c.s.H + h) * parts + w.part);  // this part's null partials
     if (c.has_null) gnull[bh] += ds;
+    RowKeys k;
+    k.m = m, k.S = S, k.AQ = AQ, k.bias = bias, k.z = w.z.data(), k.p = w.p.data(), k.x = w.x.data(), k.dz = w.dz.data();
+    k.AX = AX, k.zeta2 = w.zeta2.data(), k.kap2 = w.kap2.data();
     // the forward's probability bounds at u = 1 (attention_bounds: P_j = u p1_j + 2 denorm_min)
-    for (index_t j = 0; j < m; ++j) {
-      const double bj = w.bias[at(j)], sd = scale * S[j];
-      w.zc[at(j)] = std::isinf(bj) ? 0.0 : bounds::score_error(dh, scale, AQ[j], sd, bj, has_bias);
-    }
+    const ScorePieces sc = score_pieces(k, dh, scale, has_bias, w.zc.data(), w.zeta2.data());
     bounds::row_bound_into(bounds::Precision{1.0, 0.0}, c.opt.normalizer, w.z.data(), w.zc.data(), m, sl, std::abs(sl),
                            w.p.data(), pn, lse, w.rb);
     const bounds::RowBound& b1 = w.rb;
+    k.p1 = b1.p.data();
     const double Pn1 = c.has_null ? b1.p_null : 0.0;
     if (req.stored) {
       res.fwd_float.lse(b, h, t) = bounds::Precision::of<float>().u * b1.lse;
       res.fwd_double.lse(b, h, t) = bounds::Precision::of<double>().u * b1.lse;
     }
-    double Dt = pn * dpn, absD = pn * std::abs(dpn), sp1x = 0, spax = 0, sabsx = 0, sp1 = 0;
-    for (index_t j = 0; j < m; ++j) {
-      const double p = w.p[at(j)], x = w.x[at(j)];
-      Dt += p * x;
-      absD += p * std::abs(x);
-      sp1x += b1.p[at(j)] * std::abs(x);
-      spax += p * AX[j];
-      sabsx += std::abs(x);
-      sp1 += b1.p[at(j)];
-    }
+    // the probabilistic row model (prob_attention_backward_bounds), for rows with a finite LSE
+    info.prob = req.prob && std::isfinite(lse);
+    const bool null_grad = c.has_null;  // finite null logits only (fast_backward_applies)
+    RowScalars rs{pn, dpn, dl, lse, null_grad ? sl * sl + sq(sl - lse) + 5.0 : 0.0, 0.0, 0.0, r16, req.n16};
+    const RowSums sums = row_sums(k, rs, dv, info.prob, w.kap2.data());
+    const double Dt = sums.Dt, absD = sums.absD;
     info.Dt = Dt, info.absD = absD;
     // ED = u ED1 + 2 denorm_min EDf (attention_backward_bounds' ED, its floors apart)
-    const double ED1 = Pn1 * std::abs(dpn) + sp1x + static_cast<double>(dv) * spax + static_cast<double>(m + 1) * absD +
-                       (sp1 + static_cast<double>(m + 1) * std::max(0.0, 1.0 - pn)) * std::abs(dpn);
-    info.EDf = (c.has_null ? std::abs(dpn) : 0.0) + sabsx + static_cast<double>(m) * std::abs(dpn);
+    const double ED1 = Pn1 * std::abs(dpn) + sums.sp1x + static_cast<double>(dv) * sums.spax +
+                       static_cast<double>(m + 1) * absD + (sums.sp1 + static_cast<double>(m + 1) * std::max(0.0, 1.0 - pn)) * std::abs(dpn);
+    info.EDf = (c.has_null ? std::abs(dpn) : 0.0) + sums.sabsx + static_cast<double>(m) * std::abs(dpn);
+    rs.ED1 = ED1;
     for (std::size_t x = 0; x < ns; ++x) {  // the null logit's worst-case terms
       if (!c.has_null) break;
       const Spec& sp = specs[x];
@@ -158,88 +160,50 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
                              sp.fz * (std::abs(wn) + 3.0);
     }
     if (c.has_null) null_A[bh] += std::abs(pn * (dpn - Dt + dl)), null_n[bh] += 1;
-    // the probabilistic row model (prob_attention_backward_bounds)
-    info.prob = req.prob && std::isfinite(lse);
-    double RD2 = 0;
-    const bool null_grad = c.has_null;  // finite null logits only (fast_backward_applies)
-    const double kap2n = null_grad ? sl * sl + sq(sl - lse) + 5.0 : 0.0;
     if (info.prob) {
-      double maxQ = 0, maxz = 0;
-      for (index_t j = 0; j < m; ++j) {
-        const double bj = w.bias[at(j)];
-        if (std::isinf(bj)) continue;  // masked: zeta2 0, outside the maxima
-        w.zeta2[at(j)] = bounds::score_zeta2(dh, scale, AQ[j], scale * S[j], bj, w.z[at(j)]);
-        maxQ = std::max(maxQ, AQ[j]);
-        maxz = std::max(maxz, std::abs(w.z[at(j)]));
-      }
-      bounds::prob_row_into(c.opt.normalizer, w.z.data(), w.zeta2.data(), m, sl, sl * sl, scale * maxQ + maxz, w.p.data(),
-                            pn, lse, false, w.pr);
-      const bounds::ProbRow& pr = w.pr;
-      info.RL = std::sqrt(sq(pr.lse) + sq(lse)) + 2.0 * pr.sigma;
-      RD2 = sq(pn * dpn) * kap2n;
-      for (index_t j = 0; j < m; ++j) {
-        const double p = w.p[at(j)], x = w.x[at(j)];
-        w.Rdp[at(j)] = std::sqrt(static_cast<double>(dv + 1)) * AX[j];
-        w.kap2[at(j)] = std::isinf(w.z[at(j)]) ? 0.0 : w.zeta2[at(j)] + sq(w.z[at(j)] - lse) + 5.0;
-        RD2 += sq(p * (std::abs(x) + std::abs(dpn))) * w.kap2[at(j)] + sq(p * w.Rdp[at(j)]) +
-               sq(p * (std::abs(x) + std::abs(dpn)));
-      }
-      RD2 += static_cast<double>(m + 1) * sq(absD + std::max(0.0, 1.0 - pn) * std::abs(dpn));
-      info.RD2 = RD2;
+      bounds::prob_row_into(c.opt.normalizer, w.z.data(), w.zeta2.data(), m, sl, sl * sl, scale * sc.maxQ + sc.maxz,
+                            w.p.data(), pn, lse, false, w.pr);
+      info.RL = rs.RL = std::sqrt(sq(w.pr.lse) + sq(lse)) + 2.0 * w.pr.sigma;
+      info.RD2 = sums.RD2;
       if (null_grad) {
         const double wn = dpn - Dt + dl, dsn = pn * wn;
-        null_R2[bh] += 2.0 * sq(pn * wn) * kap2n + 2.0 * sq(pn) * RD2 + sq(pn * (std::abs(wn - Dt) + std::abs(dpn)) * info.RL) +
-                       sq(pn * (dpn - Dt)) + 2.0 * sq(dsn);
+        null_R2[bh] += 2.0 * sq(pn * wn) * rs.kap2n + 2.0 * sq(pn) * info.RD2 +
+                       sq(pn * (std::abs(wn - Dt) + std::abs(dpn)) * info.RL) + sq(pn * (dpn - Dt)) + 2.0 * sq(dsn);
       }
     }
     // the per-(row, key) weights of the products (dq side: against K, |K|, K^2; their transposes
-    // against q, |q|, q^2 and dO, |dO|, dO^2 on the dk and dv sides)
-    double* rdz = w.LK.data() + r * Lp;
-    double* rp = w.LK.data() + nL + r * Lp;
-    double* rZ1 = w.LA.data() + r * Lp;
-    double* radz = w.LA.data() + nL + r * Lp;
-    double* ra = w.LA.data() + 2 * nL + r * Lp;
-    double* rown = w.L2.data() + r * Lp;
-    double* rp1 = w.LX.data() + r * Lp;
-    double* rXk = w.LX.data() + nL + r * Lp;
-    double* rXv = w.LX.data() + 2 * nL + r * Lp;
-    for (double* base : {rdz, rp, rZ1, radz, ra, rown, rp1, rXk, rXv}) {
+    // against q, |q|, q^2 and dO, |dO|, dO^2 on the dk and dv sides), zero outside the row's keys
+    const RowWeightsOut o{w.LK.data() + r * Lp,      w.LK.data() + nL + r * Lp, w.LA.data() + r * Lp,
+                          w.LA.data() + nL + r * Lp, w.LX.data() + r * Lp,      w.LA.data() + 2 * nL + r * Lp,
+                          w.L2.data() + r * Lp,      w.LX.data() + nL + r * Lp, w.LX.data() + 2 * nL + r * Lp};
+    for (double* base : {o.dz, o.p, o.Z1, o.adz, o.p1, o.a, o.own2, o.Xk, o.Xv}) {
       std::fill(base, base + off, 0.0);
       std::fill(base + off + m, base + Lp, 0.0);
     }
+    const RowWeightsOut at_keys{o.dz + off, o.p + off, o.Z1 + off, o.adz + off, o.p1 + off,
+                                o.a + off,  o.own2 + off, o.Xk + off, o.Xv + off};
+    const RowMaxima mx = row_weights(k, rs, sums, dv, info.prob, at_keys);
+    info.maxW = mx.maxW, info.maxp = mx.maxp;
+    ks.maxPE = std::max(ks.maxPE, mx.maxp * info.EDf);  // max_j p_j EDf (rounding is monotone)
     if (req.stored) {
-      std::fill_n(w.LA.data() + 3 * nL + r * Lp, Lp, 0.0);
+      double* ps = w.LA.data() + 3 * nL + r * Lp;
+      std::fill_n(ps, Lp, 0.0);
+      std::copy(w.p.data(), w.p.data() + m, ps + off);
       for (index_t y = 3; y < 6; ++y) std::fill_n(w.LX.data() + at(y) * nL + r * Lp, Lp, 0.0);
     }
-    for (index_t j = 0; j < m; ++j) {
-      const double p = w.p[at(j)], x = w.x[at(j)], dz = w.dz[at(j)], wj = x - Dt + dl, p1 = b1.p[at(j)];
-      const double Z1 = p1 * std::abs(wj) + p * (static_cast<double>(dv) * AX[j] + ED1 + std::abs(x - Dt) + 2.0 * std::abs(wj) +
-                                                 std::abs(dpn));
-      info.maxW = std::max(info.maxW, std::abs(wj));
-      info.maxp = std::max(info.maxp, p);
-      ks.maxPE = std::max(ks.maxPE, p * info.EDf);
-      const index_t col = off + j;
-      rdz[col] = dz, rp[col] = p, rZ1[col] = Z1, radz[col] = std::abs(dz), rp1[col] = p1;
-      if (req.stored) w.LA[at(3) * nL + at(r * Lp + col)] = p;
-      double a = 0, own2 = 0, Xk = 0, Xv = 0;
-      if (info.prob) {
-        a = p * (std::abs(wj - Dt) + std::abs(dpn));
-        own2 = sq(wj * p) * w.kap2[at(j)] + sq(p * w.Rdp[at(j)]) + sq(p * (x - Dt)) + sq(p * wj) + sq(dz) +
-               r16 * sq(std::max(std::abs(dz), req.n16)) + sq(p * (std::abs(x) + std::abs(dpn)));
-        Xk = 2.0 * own2 + 2.0 * sq(p) * RD2 + sq(a * info.RL);
-        Xv = sq(p) * (w.kap2[at(j)] + sq(info.RL) + 1.0) + r16 * sq(std::max(p, req.n16));
-      }
-      ra[col] = a, rown[col] = own2, rXk[col] = Xk, rXv[col] = Xv;
-      if (has_bias) {  // dbias: dz summed over the dimensions the bias broadcasts over
+    if (has_bias)  // dbias: dz summed over the dimensions the bias broadcasts over
+      for (index_t j = 0; j < m; ++j) {
         const index_t ob = attention_bias_offset(c.opt, b, h, t, info.kr.begin + j);
-        bias_sums.g[ob] += dz, bias_sums.SZ1[ob] += Z1, bias_sums.A[ob] += std::abs(dz), bias_sums.cnt[ob] += 1;
-        if (info.prob) bias_sums.R2[ob] += Xk, bias_sums.cntp[ob] += 1;
+        bias_sums.g[ob] += w.dz[at(j)], bias_sums.SZ1[ob] += at_keys.Z1[j], bias_sums.A[ob] += std::abs(w.dz[at(j)]);
+        bias_sums.cnt[ob] += 1;
+        if (info.prob) bias_sums.R2[ob] += at_keys.Xk[j], bias_sums.cntp[ob] += 1;
       }
-    }
     ks.maxW = std::max(ks.maxW, info.maxW);
     // (a row with keys but no finite LSE, all of them masked by a bias, is outside the probabilistic
     // bound's count, as prob_attention_backward_bounds skips it)
-    for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1, ks.cntp[at(j)] += info.prob ? 1 : 0;
+    const double cp = info.prob ? 1.0 : 0.0;
+#pragma omp simd
+    for (index_t j = info.kr.begin; j < info.kr.end; ++j) ks.cnt[at(j)] += 1.0, ks.cntp[at(j)] += cp;
   }
   w.CK.resize(at(2 * n * dhp)), w.CA.resize(at(la * n * dhp)), w.C2.resize(at(n * dhp));
   if (req.stored) stored_rows(b, h, t0, n, ri, lo, L, Lp, w);

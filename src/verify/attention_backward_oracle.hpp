@@ -17,7 +17,8 @@
 // (one exception, below any policy's floor: double's floors of 1e-323 round as subnormals, which a
 // product of sums rounds differently from a sum of products).
 // Every other difference from the plain functions is a summation order, covered by the gamma_n
-// bounds, so a verdict never depends on which of the two computed it (tests/verify/
+// bounds (the bounds' own sums over a row's keys are vector reductions: attention_backward_oracle_
+// rows.cpp), so a verdict never depends on which of the two computed it (tests/verify/
 // test_attention_backward_oracle.cpp holds them side by side).
 //
 // Applies (fast_backward_applies) with finite null logits, on softmax or softmax1, inputs and

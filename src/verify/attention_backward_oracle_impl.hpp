@@ -1,7 +1,7 @@
 // src/verify/attention_backward_oracle_impl.hpp — the pieces of the blocked backward oracle
 // (attention_backward_oracle.hpp) shared by its two translation units: attention_backward_oracle.cpp
-// (packing, the tiles of query rows, dq) and attention_backward_oracle_keys.cpp (the stored
-// forward's pieces, dk and dv).
+// (packing, the tiles of query rows, dq), attention_backward_oracle_rows.cpp (a row's per-key passes)
+// and attention_backward_oracle_keys.cpp (the stored forward's pieces, dk and dv).
 #pragma once
 
 #include <algorithm>
@@ -85,12 +85,51 @@ struct Work {
   Vec qb, qa, qB, qaB, q2B, ob, oa, oB, oaB, o2B;             // the tile's rows
   Vec S, AQ, dP, AX, CK, CA, C2;                              // row-major [rows x keys] and products
   Vec LK, LA, L2, LX;  // the products' weights, row-major [rows x keys] blocks (Oracle::tile)
-  Vec z, zc, p, x, dz, zeta2, kap2, Rdp, bias;
+  Vec z, zc, p, x, dz, zeta2, kap2, bias;
   bounds::RowBound rb;  // a row's bounds, their storage reused
   bounds::ProbRow pr;
   Vec vx, va, vpre, CO, CV1, CG1;                             // the stored forward's
   index_t part = 0;  ///< the part of the (batch, kv head) pair being computed (Oracle::parts)
 };
+
+/// A row's arrays over its m keys (attention_backward_oracle_rows.cpp): its scores S = <q, k_j>
+/// and AQ = sum_c |q_c k_jc|, the bias (zeros without one), the logits z, the reference's
+/// probabilities p and dz, the cotangents x = dP_j, the probabilities' worst-case bounds at u = 1
+/// (p1), AX = sum_c |dO_c v_jc| and the probabilistic pieces zeta2 and kap2.
+struct RowKeys {
+  index_t m = 0;
+  const double *S = nullptr, *AQ = nullptr, *bias = nullptr, *z = nullptr, *p = nullptr, *x = nullptr, *dz = nullptr;
+  const double *p1 = nullptr, *AX = nullptr, *zeta2 = nullptr, *kap2 = nullptr;
+};
+/// A row's scalars: p_null, dp_null, dlse, lse, kappa_null^2, ED1 (ED at u = 1, its floors apart),
+/// RL (R of the LSE) and the 16-bit rounding of P and dS (BackwardOracleRequest: r16 = (u16 / u)^2,
+/// n16).
+struct RowScalars {
+  double pn = 0, dpn = 0, dl = 0, lse = 0, kap2n = 0, ED1 = 0, RL = 0, r16 = 0, n16 = 0;
+};
+/// Its sums over the keys (Dt and absD with the null's term; RD2 the probabilistic R(D)^2).
+struct RowSums {
+  double Dt = 0, absD = 0, sp1x = 0, spax = 0, sabsx = 0, sp1 = 0, RD2 = 0;
+};
+struct ScorePieces {
+  double maxQ, maxz;  ///< over the unmasked keys: max_j AQ_j, max_j |z_j|
+};
+struct RowMaxima {
+  double maxW, maxp;  ///< max_j |x_j - Dt + dlse|, max_j p_j
+};
+/// A row's weights in the tile's products (Oracle::tile's LK, LA, L2 and LX), at its keys' columns.
+struct RowWeightsOut {
+  double *dz, *p, *Z1, *adz, *p1, *a, *own2, *Xk, *Xv;
+};
+
+/// zc_j (bounds::score_error) and zeta2_j (bounds::score_zeta2) of every key, 0 for a masked one.
+ScorePieces score_pieces(const RowKeys& k, index_t dh, double scale, bool has_bias, double* zc, double* zeta2);
+/// The row's sums; with prob, kap2_j and RD2 (prob_attention_backward_bounds).
+RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t dv, bool prob, double* kap2);
+/// The weights of every key (attention_backward_bounds' Z1, prob_attention_backward_bounds' a, own2,
+/// Xk, Xv; the last four 0 without prob) and the row's maxima.
+RowMaxima row_weights(const RowKeys& k, const RowScalars& s, const RowSums& rs, index_t dv, bool prob,
+                      const RowWeightsOut& o);
 
 struct Oracle {
   const Call& c;

@@ -11,16 +11,7 @@
 
 #include "attention_oracle_rows.hpp"
 #include "oracle_exp.hpp"
-
-// fused_row compiled for the baseline and for AVX2 and AVX-512 (with fused multiply-add), the version
-// chosen when first called: its loops vectorise to the CPU's width. GCC's function multiversioning
-// needs GCC 12 (the architecture levels) and an ELF glibc target (ifunc); elsewhere one version.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && __GNUC__ >= 12 && \
-    defined(__ELF__) && defined(__GLIBC__)
-#define OASIS_ROW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OASIS_ROW_CLONES
-#endif
+#include "row_clones.hpp"
 
 namespace oasis::verify::detail {
 namespace {

@@ -130,6 +130,18 @@ void run_case(const Case& c, std::uint64_t salt) {
   const auto wcf = bounds::attention_backward_bounds(qf, kf, vf, df, o, fwd, true);
   const auto prob = bounds::prob_attention_backward_bounds(qf, kf, vf, df, o, fwd, verify::kLambda, rq.u16, rq.n16);
 
+  {  // without the probabilistic bound (its rows' weights apart): the same worst-case lines, bitwise
+    BackwardOracleRequest wc_only = rq;
+    wc_only.prob = false;
+    const BackwardOracle bw = fast_attention_backward(q, k, v, d, o, wc_only);
+    EXPECT_TRUE(bw.prob.q.empty());
+    for (auto [x, y] : {std::pair{&bo.own, &bw.own}, std::pair{&bo.wc_float, &bw.wc_float}, std::pair{&bo.wc_double, &bw.wc_double}})
+      for (auto [a, b] : {std::pair{&x->q, &y->q}, std::pair{&x->k, &y->k}, std::pair{&x->v, &y->v}, std::pair{&x->bias, &y->bias},
+                          std::pair{&x->null_logits, &y->null_logits}}) {
+        ASSERT_EQ(a->shape(), b->shape());
+        for (index_t i = 0; i < a->size(); ++i) ASSERT_EQ((*a)[i], (*b)[i]) << i;
+      }
+  }
   expect_values(ref.q, bo.ref.q, own.q, bo.own.q, "grad_q");
   expect_values(ref.k, bo.ref.k, own.k, bo.own.k, "grad_k");
   expect_values(ref.v, bo.ref.v, own.v, bo.own.v, "grad_v");

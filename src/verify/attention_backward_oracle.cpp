@@ -105,7 +105,8 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     RowInfo& info = ri[at(r)];
     // a row without a key (a window past the padding) may start anywhere: its weights are all zero
     const index_t m = info.kr.count(), off = m > 0 ? info.kr.begin - lo : 0;
-    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2}) x->resize(at(m));  // every entry set below
+    // set below (kap2 on probabilistic rows only, read only there)
+    for (Vec* x : {&w.z, &w.zc, &w.p, &w.x, &w.dz, &w.zeta2, &w.kap2}) x->resize(at(m));
     if (has_bias) w.bias.resize(at(m));
     const double *S = w.S.data() + r * Lp + off, *AQ = w.AQ.data() + r * Lp + off;
     const double *dP = w.dP.data() + r * Lp + off, *AX = w.AX.data() + r * Lp + off;
@@ -144,7 +145,7 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     info.prob = req.prob && std::isfinite(lse);
     const bool null_grad = c.has_null;  // finite null logits only (fast_backward_applies)
     RowScalars rs{pn, dpn, dl, lse, null_grad ? sl * sl + sq(sl - lse) + 5.0 : 0.0, 0.0, 0.0, r16, req.n16};
-    const RowSums sums = row_sums(k, rs, dv, info.prob, w.kap2.data());
+    const RowSums sums = row_sums(k, rs, dv, has_bias, info.prob, w.kap2.data());
     const double Dt = sums.Dt, absD = sums.absD;
     info.Dt = Dt, info.absD = absD;
     // ED = u ED1 + 2 denorm_min EDf (attention_backward_bounds' ED, its floors apart)

@@ -17,14 +17,15 @@
 // (one exception, below any policy's floor: double's floors of 1e-323 round as subnormals, which a
 // product of sums rounds differently from a sum of products).
 // Every other difference from the plain functions is a summation order, covered by the gamma_n
-// bounds (the bounds' own sums over a row's keys are vector reductions: attention_backward_oracle_
-// rows.cpp), so a verdict never depends on which of the two computed it (tests/verify/
-// test_attention_backward_oracle.cpp holds them side by side).
+// bounds, or, in the bounds' own evaluation, an order or a fused multiply-add (a row's per-key passes
+// are vector loops: attention_backward_oracle_rows.cpp), so a verdict never depends on which of the
+// two computed it (tests/verify/test_attention_backward_oracle.cpp holds them side by side).
 //
 // Applies (fast_backward_applies) with finite null logits, on softmax or softmax1, inputs and
 // cotangents exact in float. Threads over (batch, kv head) pairs, split into a fixed number of
 // parts when they are few; a bias shared across pairs (or heads) runs the pairs in order. Every sum
-// has an order fixed by the shape: the values do not depend on the number of threads.
+// has an order fixed by the shape (and the instruction set the row passes run on): the values do not
+// depend on the number of threads.
 #pragma once
 
 #include "oasis/grad/backward_bounds.hpp"

@@ -125,7 +125,7 @@ struct RowWeightsOut {
 /// zc_j (bounds::score_error) and zeta2_j (bounds::score_zeta2) of every key, 0 for a masked one.
 ScorePieces score_pieces(const RowKeys& k, index_t dh, double scale, bool has_bias, double* zc, double* zeta2);
 /// The row's sums; with prob, kap2_j and RD2 (prob_attention_backward_bounds).
-RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t dv, bool prob, double* kap2);
+RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t dv, bool has_bias, bool prob, double* kap2);
 /// The weights of every key (attention_backward_bounds' Z1, prob_attention_backward_bounds' a, own2,
 /// Xk, Xv; the last four 0 without prob) and the row's maxima.
 RowMaxima row_weights(const RowKeys& k, const RowScalars& s, const RowSums& rs, index_t dv, bool prob,

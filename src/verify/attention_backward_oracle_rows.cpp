@@ -1,10 +1,13 @@
 // src/verify/attention_backward_oracle_rows.cpp — the per-key passes of a row of the blocked
 // backward oracle (Oracle::tile, attention_backward_oracle.cpp) that need no reference function:
-// the scores' error pieces, the row's sums and the products' weights. Each is one loop over the
-// row's keys without branches, its sums vector reductions (another order than one key after the
-// other: the bounds' evaluation, inside kSecondOrder's margin), compiled per instruction set
-// (row_clones.hpp). The reference's own functions (normalize_row, normalize_row_backward) and the
-// forward's bounds (row_bound_into, prob_row_into) stay in tile.
+// the scores' error pieces, the row's sums and the products' weights. On a row without a bias each
+// is a few loops over the row's keys without branches, their sums vector reductions, compiled per
+// instruction set (row_clones.hpp); a bias's masked keys take two scalar loops. The sums run in
+// another order than one key after the other and the clones may fuse a multiply-add: the bounds'
+// evaluation moves by about m u relative to their sums of magnitudes, inside the margins the oracle
+// gives its bounds (docs/tolerances.md, "The fast oracle"). The reference's own functions
+// (normalize_row, normalize_row_backward) and the forward's bounds (row_bound_into, prob_row_into)
+// stay in tile.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,12 +26,18 @@ OASIS_ROW_CLONES ScorePieces score_pieces(const RowKeys& k, index_t dh, double s
                                           double* zeta2) {
   double maxQ = 0, maxz = 0;
   const double *S = k.S, *AQ = k.AQ, *bias = k.bias, *z = k.z;
-  if (!has_bias) {  // no key masked (GCC keeps the loop below scalar: it moves the formulas under the mask)
-#pragma omp simd reduction(max : maxQ, maxz)
+  if (!has_bias) {  // no key masked (the loop with the mask below stays scalar: GCC moves the formulas under it)
+#pragma omp simd
     for (index_t j = 0; j < k.m; ++j) {
-      const double sd = scale * S[j], az = std::abs(z[j]);
+      const double sd = scale * S[j];
       zc[j] = bounds::score_error(dh, scale, AQ[j], sd, 0.0, false);
       zeta2[j] = bounds::score_zeta2(dh, scale, AQ[j], sd, 0.0, z[j]);
+    }
+    // (the maxima in a loop of their own: with the stores in the same loop, only the AVX-512
+    // version vectorised)
+#pragma omp simd reduction(max : maxQ, maxz)
+    for (index_t j = 0; j < k.m; ++j) {
+      const double az = std::abs(z[j]);
       maxQ = AQ[j] > maxQ ? AQ[j] : maxQ;
       maxz = az > maxz ? az : maxz;
     }
@@ -48,7 +57,8 @@ OASIS_ROW_CLONES ScorePieces score_pieces(const RowKeys& k, index_t dh, double s
   return {maxQ, maxz};
 }
 
-OASIS_ROW_CLONES RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t dv, bool prob, double* kap2) {
+OASIS_ROW_CLONES RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t dv, bool has_bias, bool prob,
+                                  double* kap2) {
   const double *p = k.p, *x = k.x, *p1 = k.p1, *AX = k.AX;
   const double adpn = std::abs(s.dpn);
   double Dt = 0, absD = 0, sp1x = 0, spax = 0, sabsx = 0, sp1 = 0;
@@ -68,16 +78,26 @@ OASIS_ROW_CLONES RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t
   r.sp1x = sp1x, r.spax = spax, r.sabsx = sabsx, r.sp1 = sp1;
   if (!prob) return r;
   // RD2 of prob_attention_backward_bounds: kappa_j^2 = zeta2_j + (z_j - lse)^2 + 5 (0 for a masked
-  // key), R(dp_j) = sqrt(d_v + 1) sum_c |dO_c v_jc|
+  // key: without a bias every z_j is finite, inputs exact in float), R(dp_j) = sqrt(d_v + 1) sum_c
+  // |dO_c v_jc|
   const double *zeta2 = k.zeta2, *z = k.z, rd = std::sqrt(static_cast<double>(dv + 1)), lse = s.lse;
+  if (!has_bias) {
+#pragma omp simd
+    for (index_t j = 0; j < k.m; ++j) {
+      const double zl = z[j] - lse;
+      kap2[j] = zeta2[j] + zl * zl + 5.0;
+    }
+  } else {
+    for (index_t j = 0; j < k.m; ++j) {
+      const double zl = z[j] - lse;
+      kap2[j] = std::isinf(z[j]) ? 0.0 : zeta2[j] + zl * zl + 5.0;
+    }
+  }
   double RD2 = 0;
 #pragma omp simd reduction(+ : RD2)
   for (index_t j = 0; j < k.m; ++j) {
-    const double pj = p[j], zl = z[j] - lse;
-    const double k0 = zeta2[j] + zl * zl + 5.0, kk = std::abs(z[j]) == kInf ? 0.0 : k0;
-    kap2[j] = kk;
-    const double a = pj * (std::abs(x[j]) + adpn), pr = pj * (rd * AX[j]);
-    RD2 += a * a * kk + pr * pr + a * a;
+    const double pj = p[j], a = pj * (std::abs(x[j]) + adpn), pr = pj * (rd * AX[j]);
+    RD2 += a * a * kap2[j] + pr * pr + a * a;
   }
   r.RD2 = sq(s.pn * s.dpn) * s.kap2n + RD2 + static_cast<double>(k.m + 1) * sq(r.absD + std::max(0.0, 1.0 - s.pn) * adpn);
   return r;

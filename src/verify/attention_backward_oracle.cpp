@@ -110,7 +110,8 @@ void Oracle::tile(index_t b, index_t hk, index_t h, index_t t0, index_t n, Work&
     if (has_bias) w.bias.resize(at(m));
     const double *S = w.S.data() + r * Lp + off, *AQ = w.AQ.data() + r * Lp + off;
     const double *dP = w.dP.data() + r * Lp + off, *AX = w.AX.data() + r * Lp + off;
-    for (index_t j = 0; j < m && has_bias; ++j) w.bias[at(j)] = attention_bias(c.opt, b, h, t, info.kr.begin + j);
+    if (has_bias)
+      for (index_t j = 0; j < m; ++j) w.bias[at(j)] = attention_bias(c.opt, b, h, t, info.kr.begin + j);
     const double* bias = w.bias.data();
 #pragma omp simd
     for (index_t j = 0; j < m; ++j) {

@@ -10,17 +10,12 @@
 // stay in tile.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "attention_backward_oracle_impl.hpp"
+#include "oasis/grad/backward_prob_bounds.hpp"
 #include "row_clones.hpp"
 
 namespace oasis::verify::detail::backward_oracle {
-namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-}  // namespace
 
 OASIS_ROW_CLONES ScorePieces score_pieces(const RowKeys& k, index_t dh, double scale, bool has_bias, double* zc,
                                           double* zeta2) {
@@ -80,7 +75,7 @@ OASIS_ROW_CLONES RowSums row_sums(const RowKeys& k, const RowScalars& s, index_t
   // RD2 of prob_attention_backward_bounds: kappa_j^2 = zeta2_j + (z_j - lse)^2 + 5 (0 for a masked
   // key: without a bias every z_j is finite, inputs exact in float), R(dp_j) = sqrt(d_v + 1) sum_c
   // |dO_c v_jc|
-  const double *zeta2 = k.zeta2, *z = k.z, rd = std::sqrt(static_cast<double>(dv + 1)), lse = s.lse;
+  const double *zeta2 = k.zeta2, *z = k.z, rd = bounds::r_dp_scale(dv), lse = s.lse;
   if (!has_bias) {
 #pragma omp simd
     for (index_t j = 0; j < k.m; ++j) {
@@ -111,7 +106,7 @@ __attribute__((always_inline)) inline RowMaxima weights_loop(const RowKeys& k, c
                                                              index_t dv_, const RowWeightsOut& o) {
   const double *p = k.p, *x = k.x, *dz = k.dz, *p1 = k.p1, *AX = k.AX, *kap2 = k.kap2;
   const double Dt = rs.Dt, dl = s.dl, adpn = std::abs(s.dpn), ED1 = s.ED1, dv = static_cast<double>(dv_);
-  const double rd = std::sqrt(dv + 1.0), RD2 = rs.RD2, RL = s.RL, r16 = s.r16, n16 = s.n16;
+  const double rd = bounds::r_dp_scale(dv_), RD2 = rs.RD2, RL = s.RL, r16 = s.r16, n16 = s.n16;
   double *oZ1 = o.Z1, *odz = o.dz, *op = o.p, *oadz = o.adz, *op1 = o.p1, *oa = o.a, *oown2 = o.own2, *oXk = o.Xk, *oXv = o.Xv;
   double maxW = 0, maxp = 0;
 #pragma omp simd reduction(max : maxW, maxp)

@@ -48,6 +48,9 @@
 
 namespace oasis::bounds {
 
+/// R(dp_j) = r_dp_scale(d_v) A_j (the header's dp_j line): sqrt(d_v + 1).
+inline double r_dp_scale(index_t d_v) { return std::sqrt(static_cast<double>(d_v + 1)); }
+
 /// The probabilistic bound (1.02 lambda u R + floors) of every gradient of token_attention_backward<T>
 /// (shapes as AttentionBackwardBounds; scores left empty). `ref` is the exact forward with probs.
 /// `u16`, `n16`: P and dS rounded to a 16-bit input type of that unit roundoff and smallest normal.
@@ -134,7 +137,7 @@ AttentionBackwardBounds prob_attention_backward_bounds(const Tensor<T>& q, const
             ax += std::abs(y);
           }
           dp[jj] = x;
-          Rdp[jj] = std::sqrt(static_cast<double>(s.d_v + 1)) * ax;
+          Rdp[jj] = r_dp_scale(s.d_v) * ax;
           kap2[jj] = std::isinf(z[jj]) ? 0.0 : zeta2[jj] + sq(z[jj] - lse) + 5.0;
           Dt += p[jj] * x;
           absD += p[jj] * std::abs(x);

@@ -7,6 +7,7 @@
 
 #include "oasis/verify/policy.hpp"
 #include "attention_oracle_rows.hpp"
+#include "float_sums.hpp"
 #include "oracle_kernels.hpp"
 
 namespace oasis::verify::detail {
@@ -223,7 +224,42 @@ void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {
       pre[x] = prev[x] + std::abs(vj[x]);
     }
   }
+  // the float sums' copies (float_sums.hpp), where every v is in their range
+  pk.float_sums = Tk <= fsum::kMaxTerms;
+  for (index_t j = 0; j < Tk && pk.float_sums; ++j) {
+    const double* vj = c.vrow(b, hk, j);
+    for (index_t x = 0; x < dv; ++x) pk.float_sums = pk.float_sums && fsum::in_range(vj[x]);
+  }
+  if (!pk.float_sums) return;
+  pk.vf.assign(static_cast<std::size_t>(Tk * 2 * pk.dvp), 0.0f);
+  pk.vnz_prefix.assign(static_cast<std::size_t>((Tk + 1) * dv), 0);
+  pk.vmax.assign(static_cast<std::size_t>(dv), 0.0);
+  for (index_t j = 0; j < Tk; ++j) {
+    const double* vj = c.vrow(b, hk, j);
+    float* row = pk.vf.data() + j * 2 * pk.dvp;
+    std::int32_t* nz = pk.vnz_prefix.data() + (j + 1) * dv;
+    const std::int32_t* nzp = pk.vnz_prefix.data() + j * dv;
+    for (index_t x = 0; x < dv; ++x) {
+      row[x] = static_cast<float>(std::abs(vj[x]));
+      row[pk.dvp + x] = static_cast<float>(vj[x] * vj[x]);
+      nz[x] = nzp[x] + (vj[x] != 0.0);
+      pk.vmax[static_cast<std::size_t>(x)] = std::max(pk.vmax[static_cast<std::size_t>(x)], std::abs(vj[x]));
+    }
+  }
 }
+
+namespace {
+/// sum_j w_j |v_jx| (or w_j v_jx^2: squares) over a row's keys kr in double: a float sum's replacement
+/// where its uncertainty exceeds fsum::kRedo.
+double double_sum(const AttnCall& c, const AttnPacked& pk, KeyRange kr, const double* w, index_t x, bool squares) {
+  double s = 0;
+  for (index_t j = 0; j < kr.count(); ++j) {
+    const double vj = c.vrow(pk.b, pk.hk, kr.begin + j)[x];
+    s += w[j] * (squares ? vj * vj : std::abs(vj));
+  }
+  return s;
+}
+}  // namespace
 
 void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t* ts, index_t n, AttnWorkspace& ws,
                std::vector<AttnRow>& out) {
@@ -321,9 +357,30 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   const index_t ldv = 3 * dvp;
   // the rows of a block's window past hi hold zero weights; the products stop at L
   g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
-  if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
-  g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
-  g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
+  // the sums of magnitudes V1, G1 and Z in float where the block's weights scale (float_sums.hpp):
+  // [P; G] |V| and Zw V^2, each row of weights scaled by its own 2^e
+  bool fs = pk.float_sums;
+  if (fs) {
+    ws.wf.resize(3 * nL);
+    ws.ef.resize(static_cast<std::size_t>(3 * n));
+    for (index_t r = 0; r < n && fs; ++r) {
+      const auto ru = static_cast<std::size_t>(r);
+      fs = fsum::scale_to_float(ws.P3.data() + nL + r * Lp, Lp, ws.wf.data() + r * Lp, ws.ef[ru]) &&
+           fsum::scale_to_float(ws.G.data() + r * Lp, Lp, ws.wf.data() + nL + r * Lp, ws.ef[ru + n]) &&
+           (!mixR || fsum::scale_to_float(ws.P3.data() + r * Lp, Lp, ws.wf.data() + 2 * nL + r * Lp, ws.ef[ru + 2 * n]));
+    }
+  }
+  if (fs) {
+    ws.of1.resize(static_cast<std::size_t>(2 * n * dvp));
+    ws.of2.resize(static_cast<std::size_t>(n * dvp));
+    const float* vf = pk.vf.data() + lo * 2 * dvp;
+    g.gemm_f32(ws.wf.data(), Lp, vf, 2 * dvp, ws.of1.data(), dvp, 2 * n, dvp, L, false);
+    if (mixR) g.gemm_f32(ws.wf.data() + 2 * nL, Lp, vf + dvp, 2 * dvp, ws.of2.data(), dvp, n, dvp, L, false);
+  } else {
+    if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
+    g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
+    g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
+  }
   const bounds::Precision dp = own_precision();
   for (index_t r = 0; r < n; ++r) {
     AttnRow& row = out[static_cast<std::size_t>(r)];
@@ -332,35 +389,90 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       x->resize(static_cast<std::size_t>(dv));  // every entry set below
     const double* pe = pk.vabs_prefix.data() + row.kr.end * dv;
     const double* pb = pk.vabs_prefix.data() + row.kr.begin * dv;
+    const auto ru = static_cast<std::size_t>(r);
+    const index_t m = row.m(), off = m > 0 ? row.kr.begin - lo : 0;
+    const std::int32_t* ne = fs ? pk.vnz_prefix.data() + row.kr.end * dv : nullptr;
+    const std::int32_t* nb = fs ? pk.vnz_prefix.data() + row.kr.begin * dv : nullptr;
+    const double g = fsum::gamma(m + 3);  // and the float sums' 2^-e (exact)
+    const double sP = fs ? std::ldexp(1.0, -ws.ef[ru]) : 0.0, sG = fs ? std::ldexp(1.0, -ws.ef[ru + n]) : 0.0,
+                 sZ = fs && mixR ? std::ldexp(1.0, -ws.ef[ru + 2 * n]) : 0.0;
     for (index_t x = 0; x < dv; ++x) {
       const auto xu = static_cast<std::size_t>(x);
       const double A = ws.out0[static_cast<std::size_t>(r * dvp + x)];
-      const double V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
-      const double G1 = ws.out1[static_cast<std::size_t>((n + r) * dvp + x)];
+      row.absv[xu] = m > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
+      double V1, G1, Z = 0, relV1 = 0, relG1 = 0, relZ = 0;
+      if (fs) {  // the float sums unscaled, and their uncertainty (float_sums.hpp)
+        const index_t nz = m > 0 ? ne[x] - nb[x] : 0;
+        const double y1 = row.absv[xu], y2 = pk.vmax[xu] * row.absv[xu];
+        const double v1 = ws.of1[static_cast<std::size_t>(r * dvp + x)], g1 = ws.of1[static_cast<std::size_t>((n + r) * dvp + x)];
+        const double E1 = fsum::abs_part(y1, nz);  // in the scaled rows' units, as v1 and g1
+        V1 = v1 * sP;
+        G1 = g1 * sG;
+        relV1 = fsum::rel(v1, g, E1);
+        relG1 = fsum::rel(g1, g, E1);
+        // a sum whose float value is too uncertain (most of it below float's normal range): in double
+        const double* wrow = ws.P3.data() + r * Lp + off;  // Zw; P and G as fast_rows' row loop placed them
+        if (relV1 > fsum::kRedo) {
+          V1 = double_sum(c, pk, row.kr, wrow + nL, x, false);
+          relV1 = 0;
+        }
+        if (relG1 > fsum::kRedo) {
+          G1 = double_sum(c, pk, row.kr, ws.G.data() + r * Lp + off, x, false);
+          relG1 = 0;
+        }
+        if (mixR) {
+          const double z = ws.of2[static_cast<std::size_t>(r * dvp + x)];
+          Z = z * sZ;
+          relZ = fsum::rel(z, g, fsum::abs_part(y2, nz));
+          if (relZ > fsum::kRedo) {
+            Z = double_sum(c, pk, row.kr, wrow, x, true);
+            relZ = 0;
+          }
+        }
+      } else {
+        V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
+        G1 = ws.out1[static_cast<std::size_t>((n + r) * dvp + x)];
+        if (mixR) Z = ws.out2[static_cast<std::size_t>(r * dvp + x)];
+      }
       row.out[xu] = A;
       row.G1[xu] = G1;
       row.V1[xu] = V1;
-      row.absv[xu] = row.m() > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
-      // the pieces at the double reference: p within its relative error, A within eA, and the
-      // cancellation in the expanded sums of squares (bounds::mix_cancellation)
+      // the pieces at the double reference: p within its relative error, A within eA, the float sums
+      // within theirs (the worst-case line's u (G1 + m V1): the larger), and the cancellation in the
+      // expanded sums of squares (bounds::mix_cancellation)
       row.out_R[xu] = 0.0;  // set below with R (out_bounds' probabilistic part, unused here, reads it)
       const double eA = row.out_bounds(x, dp).wc;
       row.err_out[xu] = eA;
-      row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1 + std::abs(A), std::numeric_limits<double>::min());
+      const double V1lo = relV1 < 1.0 ? V1 * (1.0 - relV1) : 0.0;
+      row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1lo + std::abs(A), std::numeric_limits<double>::min()) +
+                        std::max(relV1, relG1);
       if (!mixR) continue;
       const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
-      const double Z = ws.out2[static_cast<std::size_t>(r * dvp + x)];
-      const auto ru = static_cast<std::size_t>(r);
       const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
-      row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
       // (scaled rows: every term times f^2, R f against it, each product ordered so that f, near
       // the top of the double range, never stands alone; Z holds the shared events' sum of
       // squares, sigma^2 (f sp) (f Y2))
-      const double fA = f * A;
-      const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
-                         pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
-      const double R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
-      row.rho_out[xu] += R2 > 0 ? bounds::mix_cancellation(row.m()) * mag / R2 : 0.0;
+      const double fA = f * A, fV1 = f * V1;
+      double R2 = 0, U2 = 0;  // (f R)^2 as evaluated, and its uncertainty
+      auto assemble = [&] {
+        row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
+        const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
+                           pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
+        R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
+        // R^2 = Z + ... + 3 m (f V1)^2 + ...: Z within relZ, (f V1)^2 within relV1 (2 + relV1)
+        U2 = bounds::mix_cancellation(m) * mag + relZ * Z +
+             relV1 * (2.0 + relV1) * 3.0 * static_cast<double>(pr.keys) * fV1 * fV1;
+      };
+      assemble();
+      // where R^2 cancels (one key with nearly all the weight, a large sigma), Z's float error can
+      // pass R^2 itself: that Z in double
+      if (relZ > 0 && !(relZ * Z <= fsum::kRedo * R2)) {
+        Z = double_sum(c, pk, row.kr, ws.P3.data() + r * Lp + off, x, true);
+        relZ = 0;
+        assemble();
+      }
+      // an R^2 that cancelled to 0 or below is known only to lie within [0, U2]
+      row.rho_out[xu] += R2 > 0 ? U2 / R2 : (U2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     }
   }
 }

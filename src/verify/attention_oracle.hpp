@@ -10,8 +10,11 @@
 // with G1_c = sum_j b1.p_j |v_jc|, V1_c = sum_j p_j |v_jc|, absv_c = sum over the visible range of
 // |v_jc|. The fast oracle's own error is the worst-case bound at own_precision() (every summation
 // order is covered), so a row of the fast oracle carries its error, a row of the mp50 oracle none.
+// The fast oracle's bound pieces carry a relative uncertainty (AttnRow::rho, rho_out): V1, G1 and Z
+// are float sums where the values allow them (float_sums.hpp).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "oasis/ops/attention.hpp"
@@ -103,6 +106,8 @@ struct AttnRow {
 /// Reusable buffers of one thread of the fast oracle.
 struct AttnWorkspace {
   std::vector<double> qb, qa, S, AQ, P3, G, out0, out1, out2;
+  std::vector<float> wf, of1, of2;       ///< the float sums' weights [P; G; Zw] and results (float_sums.hpp)
+  std::vector<int> ef;                   ///< the scale 2^e of each row of wf
   std::vector<double> sw, sp, fs, bias;  ///< per row of a block; one row's bias
   std::vector<KeyRange> kr;
   std::vector<bounds::ProbRow> prs;
@@ -114,6 +119,11 @@ struct AttnPacked {
   std::vector<double> kt, kta;   ///< K^T and |K|^T: [d_h][tkp]
   std::vector<double> vx;        ///< rows [V | |V| | V^2], each block dvp wide
   std::vector<double> vabs_prefix;  ///< [(Tk + 1) x d_v] prefix sums of |v|
+  /// V1, G1 and Z by float sums (float_sums.hpp): every v in range and Tk <= kMaxTerms
+  bool float_sums = false;
+  std::vector<float> vf;            ///< rows [|V| | V^2] in float, each block dvp wide (float_sums only)
+  std::vector<std::int32_t> vnz_prefix;  ///< [(Tk + 1) x d_v] prefix counts of nonzero v (float_sums only)
+  std::vector<double> vmax;         ///< [d_v] the largest |v| of each column (float_sums only)
 };
 void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk);
 

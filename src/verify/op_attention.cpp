@@ -189,6 +189,9 @@ CompareReport run(const OpCall& call) {
     const index_t group = c.group();
     std::size_t i = 0;
     AttnPacked pk;
+    // one workspace per thread for every group: its buffers (megabytes at 4096 keys) keep their pages
+    std::vector<AttnWorkspace> spaces(static_cast<std::size_t>(omp_get_max_threads()));
+    std::vector<std::vector<AttnRow>> results(spaces.size());
     while (i < rows.size()) {
       const index_t b = rows[i] / (c.s.Tq * c.s.H), hk = ((rows[i] / c.s.Tq) % c.s.H) / group;
       std::size_t j = i;
@@ -209,8 +212,8 @@ CompareReport run(const OpCall& call) {
       {
         std::vector<TensorCheck> mine = fresh_checks();
         std::vector<Open> undecided;
-        AttnWorkspace ws;
-        std::vector<AttnRow> res;
+        AttnWorkspace& ws = spaces[static_cast<std::size_t>(omp_get_thread_num())];
+        std::vector<AttnRow>& res = results[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
         for (std::size_t x = 0; x < tasks.size(); ++x) {
           fast_rows(c, pk, tasks[x].h, tasks[x].ts.data(), static_cast<index_t>(tasks[x].ts.size()), ws, res);

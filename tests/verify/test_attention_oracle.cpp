@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention_oracle.hpp"
+#include "float_sums.hpp"
 #include "oracle_exp.hpp"
 #include "oasis_random.hpp"
 
@@ -172,6 +173,84 @@ TEST(AttentionOracle, FastRowsEveryPieceIsTheMp50RowsOnBothPaths) {
   }
   EXPECT_EQ(fused, 2 * 6 * Tq);
   EXPECT_EQ(general, 0);
+}
+
+// V1, G1 and Z by float sums (src/verify/float_sums.hpp) where every value is in their range and the
+// rows are at most fsum::kMaxTerms keys long, by double products elsewhere; on both, every piece
+// within the uncertainty the fast rows declare (the float sums' included). Wide scores (a spread of
+// hundreds) leave most weights of a row below float's normal range once scaled, so the float sums'
+// absolute part is exercised as well as values that are exactly 0.
+TEST(AttentionOracle, FloatSumsWhereTheValuesAllowThemDoubleProductsElsewhere) {
+  auto rng = oasis::test::make_rng(404);
+  const index_t Tq = 3, Tk = 300, d = 32;
+  oasis::AttentionOptions o;
+  o.normalizer = oasis::RowNorm::softmax1;
+  o.null_logits = {2.0};
+  auto packed = [](const det::AttnCall& c) {
+    det::AttnPacked pk;
+    det::pack_kv(c, 0, 0, pk);
+    return pk.float_sums;
+  };
+  int fused = 0, general = 0;
+  for (double qk_scale : {1.0, 7.0}) {
+    const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng, qk_scale);
+    const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng, qk_scale);
+    Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+    for (index_t i = 0; i < v.size(); i += 5) v[i] = 0.0;
+    for (index_t j = 0; j < Tk / 2; ++j) v(0, 0, j, 3) = 0.0;  // a column zero on the first half of the keys
+    const std::string label = "scores times " + std::to_string(qk_scale);
+    {
+      const det::AttnCall c(q, k, v, o);
+      EXPECT_TRUE(packed(c)) << label;
+      expect_rows_are_the_mp50_rows(c, true, label + ", float sums", fused, general);
+    }
+    for (double out_of_range : {0x1p41, 0x1p-41}) {
+      Tensor<double> w = v;
+      w(0, 0, Tk - 1, 1) = out_of_range;
+      const det::AttnCall c(q, k, w, o);
+      EXPECT_FALSE(packed(c)) << label << " with a value of " << out_of_range;
+      expect_rows_are_the_mp50_rows(c, true, label + ", double products", fused, general);
+    }
+  }
+  EXPECT_EQ(fused, 6 * Tq);
+  {  // a column nonzero only at a key that a bias of -200 puts 2^-288 below its row's largest weight:
+     // its float sums are 0 (the scaled weight underflows), so that element is summed in double, and
+     // every declared uncertainty stays small
+    const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng);
+    const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+    Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+    for (index_t j = 0; j < Tk; ++j) v(0, 0, j, 5) = j == 7 ? 1.5 : 0.0;
+    oasis::AttentionOptions ob = o;
+    ob.bias = Tensor<double>({Tq, Tk});
+    for (index_t t = 0; t < Tq; ++t) ob.bias(t, 7) = -200.0;
+    const det::AttnCall c(q, k, v, ob);
+    EXPECT_TRUE(packed(c));
+    expect_rows_are_the_mp50_rows(c, false, "a value only where the weight is tiny", fused, general);
+    for (const det::AttnRow& r : fast_rows_of(c)) {
+      EXPECT_GT(r.V1[5], 0.0) << "row " << r.t;
+      for (index_t x = 0; x < d; ++x) EXPECT_LT(r.rho_out[static_cast<std::size_t>(x)], 1e-2) << "row " << r.t << " column " << x;
+    }
+  }
+  {  // one key with all the weight and a large sigma: R^2's expanded sums cancel (sigma^2 (Y2 - 2 A^2 +
+     // A^2 sp) = 0 with p_0 = 1), and Z's float error would pass R^2 itself, so Z is summed in double
+    Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng);
+    Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+    const Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+    for (index_t t = 1; t < Tq; ++t)
+      for (index_t x = 0; x < d; ++x) q(0, 0, t, x) = q(0, 0, 0, x);
+    for (index_t x = 0; x < d; ++x) k(0, 0, 0, x) = 400.0 * q(0, 0, 0, x);  // z_0 in the thousands
+    const det::AttnCall c(q, k, v, o);
+    EXPECT_TRUE(packed(c));
+    expect_rows_are_the_mp50_rows(c, false, "one key with all the weight", fused, general);
+    for (const det::AttnRow& r : fast_rows_of(c))
+      for (index_t x = 0; x < d; ++x) EXPECT_LT(r.rho_out[static_cast<std::size_t>(x)], 1e-2) << "row " << r.t << " column " << x;
+  }
+  for (index_t keys : {oasis::verify::detail::fsum::kMaxTerms, oasis::verify::detail::fsum::kMaxTerms + 1}) {
+    const Tensor<double> q = oasis::test::randn<double>({1, 1, 1, 4}, rng);
+    const Tensor<double> k = oasis::test::randn<double>({1, 1, keys, 4}, rng);
+    const Tensor<double> v = oasis::test::randn<double>({1, 1, keys, 4}, rng);
+    EXPECT_EQ(packed(det::AttnCall(q, k, v, o)), keys <= oasis::verify::detail::fsum::kMaxTerms) << keys << " keys";
+  }
 }
 
 namespace {

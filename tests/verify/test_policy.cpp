@@ -12,10 +12,12 @@
 #include "oasis/oasis.hpp"
 #include "oasis/ops/prob_bounds.hpp"
 #include "oasis/verify/compare.hpp"
+#include "float_sums.hpp"
 
 namespace io = oasis::io;
 namespace verify = oasis::verify;
 namespace zoo = oasis::zoo;
+namespace fsum = oasis::verify::detail::fsum;
 using oasis::index_t;
 using oasis::Tensor;
 
@@ -206,7 +208,10 @@ TEST(ComparePolicy, BoundsAreTheDefinitions) {
                                     : std::min(certain, 0.5 * io::dtype_ulp(io::DType::f32, rd) + 1.02 * verify::kLambda * u * R[i]);
           if (policy > 0) worst = std::max(worst, err / policy);
         }
-        EXPECT_NEAR(t.worst_ratio, worst, 1e-9 * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
+        // the fast oracle's V1, G1 and Z are float sums of at most 11 keys, within gamma_14(2^-24) of
+        // their values (src/verify/float_sums.hpp), and so is each bound of out
+        const double rel = 1e-9 + (oracle == verify::Oracle::fast && t.name == "out" ? fsum::gamma(11 + 3) : 0.0);
+        EXPECT_NEAR(t.worst_ratio, worst, rel * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
       }
     }
 }

@@ -359,7 +359,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
   // the sums of magnitudes V1, G1 and Z in float where the block's weights scale (float_sums.hpp):
   // [P; G] |V| and Zw V^2, each row of weights scaled by its own 2^e
-  bool fs = pk.float_sums;
+  bool fs = pk.float_sums && fsum::subnormals_kept();
   if (fs) {
     ws.wf.resize(3 * nL);
     ws.ef.resize(static_cast<std::size_t>(3 * n));
@@ -441,7 +441,9 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       // within theirs (the worst-case line's u (G1 + m V1): the larger), and the cancellation in the
       // expanded sums of squares (bounds::mix_cancellation)
       row.out_R[xu] = 0.0;  // set below with R (out_bounds' probabilistic part, unused here, reads it)
-      const double eA = row.out_bounds(x, dp).wc;
+      // (with the float sums' upper ends: V1 and G1 within relV1 and relG1, at most kRedo)
+      const double eA = row.out_bounds(x, dp).wc +
+                        bounds::kSecondOrder * dp.u * (relG1 * G1 + static_cast<double>(m) * relV1 * V1);
       row.err_out[xu] = eA;
       const double V1lo = relV1 < 1.0 ? V1 * (1.0 - relV1) : 0.0;
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1lo + std::abs(A), std::numeric_limits<double>::min()) +

@@ -17,7 +17,10 @@
 // where its product is nonzero: at most k, the count of nonzero y_j). 2^-148 is twice 2^-149 for the
 // first-order (1 + u_f) factors. Hence, from X >= (X^ - E) / (1 + gamma),
 //   |X^ - X| / X <= gamma + E (1 + gamma) / (X^ - E)   (infinite where X^ <= E),
-// a ratio the same in the scaled row's units (rel and abs_part take those: no 2^-e underflows).
+// a ratio the same in the scaled row's units (rel and abs_part take those: no 2^-e underflows). A
+// decision needs X within X^ (1 +- rel), relative to the computed X^: X^ <= (1 + u_f)^(m+3) X + E
+// gives X^ - X <= gamma X + E <= rel X^ by the above, and X^ >= (1 - u_f)^(m+3) X - E with
+// (1 - u_f)^-n - 1 <= gamma_n gives X - X^ <= gamma X^ + E (1 + gamma) <= rel X^.
 #pragma once
 
 #include <cmath>
@@ -50,6 +53,12 @@ inline double gamma(index_t n) {
 /// else such that it lies in [1/2, 1). False (out partly written) when the largest is not finite or
 /// below 2^-1000 (2^e would leave the double range): the caller takes the double products.
 bool scale_to_float(const double* w, index_t n, float* out, int& e);
+
+/// Whether this thread's float arithmetic keeps subnormals (neither flush-to-zero nor
+/// denormals-are-zero, which a host may set, e.g. torch.set_flush_denormal): E above assumes gradual
+/// underflow, and under either mode a rounding below the normal range costs up to 2^-126. The modes
+/// are a thread's own, so the thread that sums asks.
+bool subnormals_kept();
 
 /// E of the header in the scaled row's units (times 2^e): y_sum >= sum_j y_j, nonzero = the count of
 /// nonzero y_j.

@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "attention_oracle.hpp"
 #include "float_sums.hpp"
 #include "oracle_exp.hpp"
@@ -245,6 +249,29 @@ TEST(AttentionOracle, FloatSumsWhereTheValuesAllowThemDoubleProductsElsewhere) {
     for (const det::AttnRow& r : fast_rows_of(c))
       for (index_t x = 0; x < d; ++x) EXPECT_LT(r.rho_out[static_cast<std::size_t>(x)], 1e-2) << "row " << r.t << " column " << x;
   }
+#if defined(__x86_64__)
+  {  // under flush-to-zero and denormals-are-zero (MXCSR, as a host may set them) a weight below
+     // float's normal range is lost whole, beyond E: the double products (weights 1, 2^-57, 2^-127
+     // against values 0, 2^-40, 2^40, so V1 is mostly the third term)
+    Tensor<double> q1({1, 1, 1, 1}), k3({1, 1, 3, 1}), v3({1, 1, 3, 1});
+    q1[0] = 1.0;
+    k3[0] = 0.0;
+    k3[1] = -57.0 * std::log(2.0);
+    k3[2] = -127.0 * std::log(2.0);
+    v3[0] = 0.0;
+    v3[1] = 0x1p-40;
+    v3[2] = 0x1p40;
+    oasis::AttentionOptions plain;
+    plain.scale = 1.0;
+    const det::AttnCall c(q1, k3, v3, plain);
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    const std::vector<det::AttnRow> f = fast_rows_of(c);
+    _mm_setcsr(csr);
+    const det::AttnRow g = det::mp50_row(c, 0, 0, 0);
+    EXPECT_LE(std::abs(f[0].V1[0] - g.V1[0]), f[0].rho_out[0] * g.V1[0]) << "fast " << f[0].V1[0] << " mp50 " << g.V1[0];
+  }
+#endif
   for (index_t keys : {oasis::verify::detail::fsum::kMaxTerms, oasis::verify::detail::fsum::kMaxTerms + 1}) {
     const Tensor<double> q = oasis::test::randn<double>({1, 1, 1, 4}, rng);
     const Tensor<double> k = oasis::test::randn<double>({1, 1, keys, 4}, rng);

@@ -209,7 +209,9 @@ TEST(ComparePolicy, BoundsAreTheDefinitions) {
           if (policy > 0) worst = std::max(worst, err / policy);
         }
         // the fast oracle's V1, G1 and Z are float sums of at most 11 keys, within gamma_14(2^-24) of
-        // their values (src/verify/float_sums.hpp), and so is each bound of out
+        // their values (src/verify/float_sums.hpp): so is the worst-case line of out, linear in V1
+        // and G1, and R where R^2 does not cancel (Z, the largest of its terms, at most a few R^2, as
+        // on this case's Gaussian data; where it cancels the worst ratio is known to rho_out only)
         const double rel = 1e-9 + (oracle == verify::Oracle::fast && t.name == "out" ? fsum::gamma(11 + 3) : 0.0);
         EXPECT_NEAR(t.worst_ratio, worst, rel * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
       }

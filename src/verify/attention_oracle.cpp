@@ -249,14 +249,13 @@ void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {
 }
 
 namespace {
-/// sum_j w_j |v_jx| (or w_j v_jx^2: squares) over a row's keys kr in double: a float sum's replacement
-/// where its uncertainty exceeds fsum::kRedo.
-double double_sum(const AttnCall& c, const AttnPacked& pk, KeyRange kr, const double* w, index_t x, bool squares) {
+/// sum_j w_j y_jx over a row's keys kr in double, y = |v| (or v^2: squares) from the packed values:
+/// a float sum's replacement where its uncertainty exceeds fsum::kRedo.
+double double_sum(const AttnPacked& pk, KeyRange kr, const double* w, index_t x, bool squares) {
+  const index_t ld = 3 * pk.dvp;
+  const double* y = pk.vx.data() + kr.begin * ld + (squares ? 2 : 1) * pk.dvp + x;
   double s = 0;
-  for (index_t j = 0; j < kr.count(); ++j) {
-    const double vj = c.vrow(pk.b, pk.hk, kr.begin + j)[x];
-    s += w[j] * (squares ? vj * vj : std::abs(vj));
-  }
+  for (index_t j = 0; j < kr.count(); ++j) s += w[j] * y[j * ld];
   return s;
 }
 }  // namespace
@@ -393,7 +392,9 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     const index_t m = row.m(), off = m > 0 ? row.kr.begin - lo : 0;
     const std::int32_t* ne = fs ? pk.vnz_prefix.data() + row.kr.end * dv : nullptr;
     const std::int32_t* nb = fs ? pk.vnz_prefix.data() + row.kr.begin * dv : nullptr;
-    const double g = fsum::gamma(m + 3);  // and the float sums' 2^-e (exact)
+    // the row's weights (as the row loop placed them), the float sums' gamma_{m+3} and their rows' 2^-e
+    const double *Zw = ws.P3.data() + r * Lp + off, *Pw = Zw + nL, *Gw = ws.G.data() + r * Lp + off;
+    const double g = fsum::gamma(m + 3);
     const double sP = fs ? std::ldexp(1.0, -ws.ef[ru]) : 0.0, sG = fs ? std::ldexp(1.0, -ws.ef[ru + n]) : 0.0,
                  sZ = fs && mixR ? std::ldexp(1.0, -ws.ef[ru + 2 * n]) : 0.0;
     for (index_t x = 0; x < dv; ++x) {
@@ -411,23 +412,18 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
         relV1 = fsum::rel(v1, g, E1);
         relG1 = fsum::rel(g1, g, E1);
         // a sum whose float value is too uncertain (most of it below float's normal range): in double
-        const double* wrow = ws.P3.data() + r * Lp + off;  // Zw; P and G as fast_rows' row loop placed them
-        if (relV1 > fsum::kRedo) {
-          V1 = double_sum(c, pk, row.kr, wrow + nL, x, false);
-          relV1 = 0;
-        }
-        if (relG1 > fsum::kRedo) {
-          G1 = double_sum(c, pk, row.kr, ws.G.data() + r * Lp + off, x, false);
-          relG1 = 0;
-        }
+        auto settle = [&](double& X, double& rel, const double* w, bool squares) {
+          if (rel <= fsum::kRedo) return;
+          X = double_sum(pk, row.kr, w, x, squares);
+          rel = 0;
+        };
+        settle(V1, relV1, Pw, false);
+        settle(G1, relG1, Gw, false);
         if (mixR) {
           const double z = ws.of2[static_cast<std::size_t>(r * dvp + x)];
           Z = z * sZ;
           relZ = fsum::rel(z, g, fsum::abs_part(y2, nz));
-          if (relZ > fsum::kRedo) {
-            Z = double_sum(c, pk, row.kr, wrow, x, true);
-            relZ = 0;
-          }
+          settle(Z, relZ, Zw, true);
         }
       } else {
         V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
@@ -469,7 +465,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       // where R^2 cancels (one key with nearly all the weight, a large sigma), Z's float error can
       // pass R^2 itself: that Z in double
       if (relZ > 0 && !(relZ * Z <= fsum::kRedo * R2)) {
-        Z = double_sum(c, pk, row.kr, ws.P3.data() + r * Lp + off, x, true);
+        Z = double_sum(pk, row.kr, Zw, x, true);
         relZ = 0;
         assemble();
       }

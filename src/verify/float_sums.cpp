@@ -8,15 +8,15 @@ namespace oasis::verify::detail::fsum {
 OASIS_ROW_CLONES bool scale_to_float(const double* w, index_t n, float* out, int& e) {
   // one pass at e = 0, which serves every row whose largest weight lies in [2^-60, 2^30) (the sums
   // then stay below 2^30 2^80 kMaxTerms < 2^125); a second, scaled, for the others
-  double mx = 0, nan = 0;  // nan: 0 unless some weight is NaN or infinite (0 inf is NaN)
-#pragma omp simd reduction(max : mx) reduction(+ : nan)
+  double mx = 0, nonfinite = 0;  // 0 unless some weight is NaN or infinite (0 inf is NaN)
+#pragma omp simd reduction(max : mx) reduction(+ : nonfinite)
   for (index_t j = 0; j < n; ++j) {
     out[j] = static_cast<float>(w[j]);
     mx = w[j] > mx ? w[j] : mx;
-    nan += 0.0 * w[j];
+    nonfinite += 0.0 * w[j];
   }
   e = 0;
-  if (nan != 0.0 || !(mx <= std::numeric_limits<double>::max())) return false;
+  if (nonfinite != 0.0 || !(mx <= std::numeric_limits<double>::max())) return false;
   if (mx == 0.0 || (mx >= 0x1p-60 && mx < 0x1p30)) return true;
   if (mx < 0x1p-1000) return false;
   e = -std::ilogb(mx) - 1;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config_files.hpp"
+#include "oracle_arithmetic.hpp"
 #include "ops.hpp"
 #include "progress.hpp"
 
@@ -92,6 +93,7 @@ std::vector<std::string> op_names() {
 
 CompareReport check(const std::string& op, const TensorMap& inputs, const TensorMap& outputs, const Value& options,
                     const CompareOptions& opt) {
+  const detail::OracleArithmetic arithmetic;
   OASIS_REQUIRE(op != "model", "op", "the model level is check_model(weights_file, inputs, trace)");
   const OpSpec& s = op_spec(op);
   const Options o(&options);
@@ -167,6 +169,7 @@ CompareReport model_report(CompareReport rep, const CompareOptions& opt) {
 
 CompareReport check_model(const std::string& weights_file, const TensorMap& inputs, const TensorMap& trace,
                           const Value& options, const CompareOptions& opt) {
+  const detail::OracleArithmetic arithmetic;
   check_model_options(options, opt);
   const ProgressRun progress(opt, "model", trace);
   return model_report(run_model(weights_file, inputs, trace, opt), opt);
@@ -174,6 +177,7 @@ CompareReport check_model(const std::string& weights_file, const TensorMap& inpu
 
 CompareReport check_model(const model::ModelConfig& config, const TensorMap& weights, const TensorMap& inputs,
                           const TensorMap& trace, const Value& options, const CompareOptions& opt) {
+  const detail::OracleArithmetic arithmetic;
   check_model_options(options, opt);
   const ProgressRun progress(opt, "model", trace);
   return model_report(run_model(config, weights, inputs, trace, opt), opt);

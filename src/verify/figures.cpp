@@ -16,6 +16,7 @@
 #include "oasis/model/wiring.hpp"
 #include "oasis/ops/attention.hpp"
 #include "oasis/research/metrics.hpp"
+#include "oracle_arithmetic.hpp"
 
 namespace oasis::verify {
 namespace {
@@ -211,6 +212,7 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 }  // namespace
 
 FigureSet model_figures(const om::ModelConfig& config, const io::TensorMap& trace) {
+  const detail::OracleArithmetic arithmetic;
   const om::ModelWiring w = om::model_wiring(config);
   Reader rd(trace);
   FigureSet out;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "oasis/ops/error_bounds.hpp"
+#include "oracle_arithmetic.hpp"
 
 namespace oasis::verify {
 namespace detail {
@@ -248,6 +249,7 @@ void keep_worst_case_line(BoundMap& m) {
 TensorReport compare_tensor(const std::string& name, const io::StoredTensor& got, const Tensor<mp50>& ref,
                             const Tensor<double>& plain, int show) {
   using namespace detail;
+  const OracleArithmetic arithmetic;
   if (got.values.shape() != ref.shape()) return shape_mismatch(name, got, ref.shape());
   TensorCheck chk(name, got, show);
   for (index_t i = 0; i < ref.size(); ++i) chk.add(i, value_at(&ref, i), Allowed{2.0 * plain[i], 2.0 * plain[i], false, 0.0});

@@ -125,6 +125,29 @@ def test_torch_tensors_give_the_numpy_verdicts(rng):
     assert r_torch.passed and r_torch["out"]["dtype"] == "bf16"
 
 
+def test_the_callers_flush_to_zero_changes_no_figure(rng):
+    """torch.set_flush_denormal(True) sets flush-to-zero and denormals-are-zero on the calling thread:
+    the check computes in its own arithmetic (docs/tolerances.md, "The oracle's arithmetic"), with the
+    same report, and leaves the mode as it found it."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional)")
+    q = rng.standard_normal((1, 4, 64, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 4, 64, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 4, 64, 32)).astype(np.float32)
+    ref = oasis.token_attention(q, k, v, causal=True)
+    inputs, outputs = {"q": q, "k": k, "v": v}, {x: ref[x] for x in ("out", "lse", "p_null")}
+    want = oasis.check("attention", inputs, outputs, options={"causal": True}).to_json()
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode for torch to set")
+    try:
+        assert (tiny * 1).item() == 0.0  # the mode is on
+        got = oasis.check("attention", inputs, outputs, options={"causal": True}).to_json()
+        assert (tiny * 1).item() == 0.0  # and still on
+    finally:
+        torch.set_flush_denormal(False)
+    assert got == want
+
+
 # ---- model level ---------------------------------------------------------------------------------
 
 CONFIG = {"init_std": 0.3, "theta_init": 0.5}  # the default OASIS Kimi-full model, logits of order 1

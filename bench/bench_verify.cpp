@@ -15,6 +15,9 @@
 //                                    double replay with its error estimated by a long double replay,
 //                                    docs/verify-model.md "The model level's fast oracle")
 //   BM_VerifyAnswers_attention{,_backward}_{causal,gptoss}/{correct,one_wrong,all_wrong}
+//   BM_Load_npy_f32_32x4096x128      reading one [1, 32, 4096, 128] float32 .npy file into the
+//                                    engine's double tensor, as oasis-verify compare reads each input
+//                                    (GB/s of the file, ratio to the same run's triad)
 //   BM_VerifyPolicy_attention_causal_32x4096x128/{worst_case,probabilistic}
 //                                    failing fast (docs/policies.md): the same check on the correct
 //                                    outputs (gradients), on one element moved far off, and on every
@@ -27,12 +30,16 @@
 
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <random>
+
+#include <unistd.h>
 
 #include "bench_support.hpp"
 #include "oasis/backends/backend.hpp"
 #include "oasis/grad/grad.hpp"
+#include "oasis/io/npy.hpp"
 #include "oasis/model/io.hpp"
 #include "oasis/model/model.hpp"
 #include "oasis/oasis.hpp"
@@ -419,6 +426,28 @@ static void BM_Verify_model_logits_gpt2small_d768_12blocks_T512(benchmark::State
   model_bench(state, gpt2_small(), 512, false);
 }
 
+// Reading a 64 MiB float32 .npy file (written once, so read from the page cache) into fresh double
+// storage each time; validated against the written tensor first.
+static void BM_Load_npy_f32_32x4096x128(benchmark::State& state) {
+  auto rng = test::make_rng(7);
+  const Tensor<float> x = test::randn<float>({1, 32, 4096, 128}, rng);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("oasis_bench_load_" + std::to_string(::getpid()) + ".npy")).string();
+  io::write_npy(path, stored(x));
+  const io::StoredTensor back = io::read_npy(path);
+  for (index_t i = 0; i < x.size(); ++i)
+    if (back.values[i] != static_cast<double>(x[i])) abort_run("BM_Load_npy: entry " + std::to_string(i) + " read back wrong");
+  const double bytes = static_cast<double>(std::filesystem::file_size(path));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) benchmark::DoNotOptimize(io::read_npy(path));
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gbs = bytes * static_cast<double>(state.iterations()) / sec * 1e-9;
+  state.counters["GB/s"] = gbs;
+  state.counters["ratio_triad"] = g_triad_gbs > 0 ? gbs / g_triad_gbs : 0;
+  std::filesystem::remove(path);
+}
+
+BENCHMARK(BM_Load_npy_f32_32x4096x128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_gptoss_64x4096x64_kv8_sinks)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 BENCHMARK(BM_VerifyAnswers_attention_backward_causal_32x4096x128)->DenseRange(0, 2)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();

@@ -89,7 +89,12 @@ io::StoredTensor to_stored(py::handle h, const std::string& dtype, const std::st
   for (index_t i = 0; i < v.size(); ++i) {
     switch (d) {
       case io::DType::f64: v[i] = static_cast<const double*>(p)[i]; break;
-      case io::DType::f32: v[i] = static_cast<const float*>(p)[i]; break;
+      case io::DType::f32: {  // from the bits: a subnormal is kept under the caller's denormals-are-zero
+        std::uint32_t u;
+        std::memcpy(&u, static_cast<const float*>(p) + i, 4);
+        v[i] = io::float_bits_to_double(u);
+        break;
+      }
       case io::DType::f16: v[i] = io::half_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
       case io::DType::bf16: v[i] = io::bf16_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
       case io::DType::i32: v[i] = static_cast<const std::int32_t*>(p)[i]; break;

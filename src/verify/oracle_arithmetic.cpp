@@ -25,7 +25,9 @@ void restore(ThreadState& s) {
 }
 }  // namespace
 
-OracleArithmetic::OracleArithmetic() : outer_(state.guards++ == 0) {
+// A pool thread already set by its master's guard (saved) does not open one of its own: its saved
+// environment is the one to give back.
+OracleArithmetic::OracleArithmetic() : outer_(state.guards++ == 0 && !state.saved) {
   if (!outer_) return;
   set_default(state);
   // the pool's other threads (the calling thread's state is already saved)
@@ -38,9 +40,16 @@ OracleArithmetic::OracleArithmetic() : outer_(state.guards++ == 0) {
 OracleArithmetic::~OracleArithmetic() {
   --state.guards;
   if (!outer_) return;
+  const std::fenv_t caller = state.env;
+  const bool known = state.saved;
 #pragma omp parallel
   {
-    if (omp_get_thread_num() != 0 && state.guards == 0) restore(state);
+    if (omp_get_thread_num() != 0 && state.guards == 0) {
+      if (state.saved)
+        restore(state);
+      else if (known)  // started inside the guard: the caller's environment, which it would have inherited
+        std::fesetenv(&caller);
+    }
   }
   restore(state);
 }

@@ -19,6 +19,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "oasis/io/npy.hpp"
 #include "oasis/verify/compare.hpp"
 #include "oasis/verify/fuzz.hpp"
 #include "oasis/verify/report.hpp"
@@ -27,6 +28,8 @@
 namespace io = oasis::io;
 namespace verify = oasis::verify;
 namespace fuzz = oasis::verify::fuzz;
+using oasis::index_t;
+using oasis::Tensor;
 
 namespace {
 
@@ -130,6 +133,7 @@ TEST(CallerEnvironment, GuardSetsTheDefaultOnThePoolAndNestsOnce) {
       const verify::detail::OracleArithmetic nested;
       inner = std::fegetround() == FE_TONEAREST;
     }
+    on_every_thread([] { const verify::detail::OracleArithmetic on_a_pool_thread; });  // does nothing
     on_every_thread([&] {
 #pragma omp atomic
       after_inner += std::fegetround() == FE_TONEAREST;
@@ -149,6 +153,23 @@ TEST(CallerEnvironment, GuardSetsTheDefaultOnThePoolAndNestsOnce) {
 
 #if defined(__x86_64__)
 constexpr unsigned kFlushBits = 0x8040u;  // MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6)
+
+// The readers and the Python module widen float32 from the bits before a check's guard starts: a
+// subnormal element keeps its value under the caller's denormals-are-zero.
+TEST(CallerEnvironment, SubnormalFloatsAreReadUnderDenormalsAreZero) {
+  const Tensor<double> x({3}, 0.0);
+  Tensor<double> v = x;
+  v[0] = 0x1p-140, v[1] = -0x1p-149, v[2] = 0x1.8p-127;  // float subnormals
+  const std::string npy = io::serialize_npy(io::StoredTensor{io::DType::f32, v}, "x.npy");
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | kFlushBits);
+  const io::StoredTensor r = io::parse_npy(npy, "x.npy");
+  volatile float tiny = 0x1p-140f;
+  const double flushed = static_cast<double>(tiny);  // what the conversion instruction gives
+  _mm_setcsr(csr);
+  EXPECT_EQ(flushed, 0.0) << "denormals-are-zero was in force";
+  for (index_t i = 0; i < 3; ++i) EXPECT_EQ(r.values[i], v[i]) << "entry " << i;
+}
 
 TEST(CallerEnvironment, FlushToZeroChangesNoFigureAndIsGivenBack) {
   const TwoThreads threads;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -348,4 +349,58 @@ TEST(VerifyIo, IntegerIdsRoundTripExactlyAndRejectInexactValues) {
   EXPECT_EQ(io::parse_dtype("int64"), io::DType::i64);
   EXPECT_TRUE(io::is_integer(io::DType::i32));
   EXPECT_FALSE(io::is_integer(io::DType::bf16));
+}
+
+// The readers decode a tensor's bytes in one pass per dtype (load_le_array): element for element
+// the bits of load_le, over random bit patterns (NaN payloads, infinities and subnormals included)
+// of every dtype; an i64 entry beyond 2^53 is named by its index before anything is written.
+TEST(VerifyIo, BulkDecodeIsTheElementDecode) {
+  std::mt19937_64 rng(oasis::test::base_seed());
+  for (io::DType d : {io::DType::f16, io::DType::bf16, io::DType::f32, io::DType::f64, io::DType::i32, io::DType::i64}) {
+    const std::size_t isz = io::dtype_size(d), n = 4099;
+    std::vector<unsigned char> bytes(n * isz);
+    for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+    if (d == io::DType::i64)  // integers within 2^53: clear the top 11 bits of each entry
+      for (std::size_t i = 0; i < n; ++i) bytes[i * 8 + 7] = 0, bytes[i * 8 + 6] &= 0x1F;
+    std::vector<double> got(n, -1.0);
+    ASSERT_EQ(io::detail::load_le_array(bytes.data(), n, d, got.data()), n) << io::to_string(d);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = io::detail::load_le(bytes.data() + i * isz, d);
+      std::uint64_t a, b;
+      std::memcpy(&a, &got[i], 8);
+      std::memcpy(&b, &want, 8);
+      ASSERT_EQ(a, b) << io::to_string(d) << " entry " << i;
+    }
+    if (d == io::DType::i64) {
+      std::fill(bytes.begin() + 777 * 8, bytes.begin() + 778 * 8, 0);
+      bytes[777 * 8 + 6] = 0x20;  // 2^53: exact
+      ASSERT_EQ(io::detail::load_le_array(bytes.data(), n, d, got.data()), n);
+      bytes[777 * 8] |= 1;  // 2^53 + 1: the first entry beyond
+      std::fill(got.begin(), got.end(), -1.0);
+      EXPECT_EQ(io::detail::load_le_array(bytes.data(), n, d, got.data()), 777u);
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](double x) { return x == -1.0; }));
+      const std::uint64_t below = ~(std::uint64_t(1) << 53);  // -(2^53) - 1, two's complement
+      for (int b = 0; b < 8; ++b) bytes[777 * 8 + static_cast<std::size_t>(b)] = static_cast<unsigned char>(below >> (8 * b));
+      EXPECT_EQ(io::detail::load_le_array(bytes.data(), n, d, got.data()), 777u);
+    }
+  }
+}
+
+// Storage asked for huge pages (oasis/core/huge_pages.hpp) is resize's: the kept prefix, the fill,
+// the size, below and above the threshold, growing and shrinking; a Tensor of 64 MiB holds its fill.
+TEST(VerifyIo, AdvisedStorageIsPlainStorage) {
+  const std::size_t big = oasis::kHugePagesFrom / sizeof(double) + 1000;
+  for (std::size_t start : {std::size_t(0), std::size_t(10), big / 2}) {
+    for (std::size_t n : {std::size_t(5), std::size_t(100), big, 2 * big}) {
+      std::vector<double> v(start), w(start);
+      for (std::size_t i = 0; i < start; ++i) v[i] = w[i] = static_cast<double>(i) + 0.5;
+      oasis::resize_advised(v, n, -2.0);
+      w.resize(n, -2.0);
+      ASSERT_EQ(v, w) << "from " << start << " to " << n;
+    }
+  }
+  const Tensor<double> t({8, 1024, 1024}, 0.25);
+  EXPECT_EQ(t.size(), 8 * 1024 * 1024);
+  EXPECT_TRUE(std::all_of(t.data(), t.data() + t.size(), [](double x) { return x == 0.25; }));
+  oasis::advise_huge_pages(nullptr, std::size_t(1) << 30);  // a hint: nothing to advise, no effect
 }

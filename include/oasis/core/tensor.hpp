@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "oasis/core/error.hpp"
+#include "oasis/core/huge_pages.hpp"
 #include "oasis/core/scalar.hpp"
 
 namespace oasis {
@@ -59,8 +60,9 @@ class Tensor {
   using value_type = T;
 
   Tensor() = default;
-  explicit Tensor(Shape shape, const T& fill = T(0))
-      : shape_(std::move(shape)), data_(static_cast<std::size_t>(shape_numel(shape_)), fill) {}
+  explicit Tensor(Shape shape, const T& fill = T(0)) : shape_(std::move(shape)) {
+    resize_advised(data_, static_cast<std::size_t>(shape_numel(shape_)), fill);
+  }
   Tensor(Shape shape, std::vector<T> data) : shape_(std::move(shape)), data_(std::move(data)) {
     OASIS_REQUIRE(static_cast<index_t>(data_.size()) == shape_numel(shape_), "data",
                   "has ", data_.size(), " elements but shape ", shape_str(shape_), " needs ",

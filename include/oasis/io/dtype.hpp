@@ -28,6 +28,7 @@
 
 #include "oasis/core/error.hpp"
 #include "oasis/io/dtype_enum.hpp"
+#include "oasis/core/huge_pages.hpp"
 #include "oasis/core/tensor.hpp"
 
 namespace oasis::io {
@@ -207,6 +208,18 @@ inline std::uint32_t encode_small_float(double x, int f, int w) {
 
 }  // namespace detail
 
+/// binary32 bits -> double, exactly, from the bits alone where they are subnormal: m 2^-149 is a
+/// normal double, while the conversion instruction reads a subnormal float as 0 under a thread's
+/// denormals-are-zero mode (e.g. after torch.set_flush_denormal(True)).
+inline double float_bits_to_double(std::uint32_t b) {
+  if ((b & 0x7F800000u) == 0) {  // zero or subnormal
+    const double x = static_cast<double>(b & 0x7FFFFFu) * 0x1p-149;
+    return (b >> 31) ? -x : x;
+  }
+  float f;
+  std::memcpy(&f, &b, 4);
+  return static_cast<double>(f);
+}
 inline double half_bits_to_double(std::uint16_t b) { return detail::decode_small_float(b, 10, 5); }
 inline double bf16_bits_to_double(std::uint16_t b) { return detail::decode_small_float(b, 7, 8); }
 /// double -> binary16 bits, round to nearest even (directly from double: no double rounding).
@@ -240,9 +253,7 @@ inline double load_le(const unsigned char* p, DType d) {
     case DType::f32: {
       std::uint32_t u = 0;
       for (int i = 3; i >= 0; --i) u = (u << 8) | p[i];
-      float fv;
-      std::memcpy(&fv, &u, 4);
-      return static_cast<double>(fv);
+      return float_bits_to_double(u);
     }
     case DType::f64: {
       std::uint64_t u = 0;
@@ -265,6 +276,15 @@ inline double load_le(const unsigned char* p, DType d) {
   return 0;
 }
 
+template <DType D>
+void load_le_run(const unsigned char* p, std::size_t n, double* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = load_le(p + i * dtype_size(D), D);  // D fixed: no switch per element
+}
+
+/// n elements of dtype d from p into out, as load_le each; for i64 first the index of the first
+/// element beyond 2^53 in magnitude (exact_integer, below), returned with nothing written; else n.
+inline std::size_t load_le_array(const unsigned char* p, std::size_t n, DType d, double* out);
+
 /// An i64 element read exactly: |v| <= 2^53 (every such integer is a double).
 inline bool exact_integer(const unsigned char* p, DType d) {
   if (d != DType::i64) return true;
@@ -272,6 +292,24 @@ inline bool exact_integer(const unsigned char* p, DType d) {
   for (int i = 7; i >= 0; --i) u = (u << 8) | p[i];
   const std::int64_t v = static_cast<std::int64_t>(u);
   return v >= -(std::int64_t(1) << 53) && v <= (std::int64_t(1) << 53);
+}
+
+inline std::size_t load_le_array(const unsigned char* p, std::size_t n, DType d, double* out) {
+  switch (d) {
+    case DType::f16: load_le_run<DType::f16>(p, n, out); break;
+    case DType::bf16: load_le_run<DType::bf16>(p, n, out); break;
+    case DType::f32: load_le_run<DType::f32>(p, n, out); break;
+    case DType::f64: load_le_run<DType::f64>(p, n, out); break;
+    case DType::i32: load_le_run<DType::i32>(p, n, out); break;
+    case DType::i64:
+      for (std::size_t i = 0; i < n; ++i)
+        if (!exact_integer(p + i * 8, d)) return i;
+      load_le_run<DType::i64>(p, n, out);
+      break;
+    default:  // a dtype without a loop of its own
+      for (std::size_t i = 0; i < n; ++i) out[i] = load_le(p + i * dtype_size(d), d);
+  }
+  return n;
 }
 
 /// An integer dtype holds only integers within its range (and within 2^53 for i64).
@@ -317,7 +355,10 @@ inline std::string read_file_bytes(const std::string& path) {
   const std::streamoff size = in.tellg();
   if (size < 0) throw format_error(path, "", "cannot determine the file size");
   in.seekg(0, std::ios::beg);
-  std::string bytes(static_cast<std::size_t>(size), '\0');
+  std::string bytes;
+  bytes.reserve(static_cast<std::size_t>(size));
+  advise_huge_pages(bytes.data(), static_cast<std::size_t>(size));
+  bytes.resize(static_cast<std::size_t>(size));
   if (size > 0 && !in.read(&bytes[0], size)) throw format_error(path, "", "read error");
   return bytes;
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "oasis/core/huge_pages.hpp"
 #include "oasis/io/dtype.hpp"
 
 namespace oasis::io {
@@ -179,13 +180,12 @@ inline StoredTensor parse_npy(const std::string& bytes, const std::string& name)
   if (!detail::checked_numel(shape, data_bytes / isz, &numel) || numel * isz != data_bytes)
     throw format_error(name, "", "shape " + shape_str(shape) + " of '" + descr + "' needs a different byte count than the " +
                                      std::to_string(data_bytes) + " data bytes in the file (lying shape or truncated data)");
-  std::vector<double> vals(static_cast<std::size_t>(numel));
+  std::vector<double> vals;
+  resize_advised(vals, static_cast<std::size_t>(numel));
   const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + hstart + hlen;
-  for (std::size_t i = 0; i < vals.size(); ++i) {
-    if (!detail::exact_integer(p + i * isz, dt))
-      throw format_error(name, "", "'<i8' entry " + std::to_string(i) + " lies beyond 2^53 in magnitude (not exact as a double)");
-    vals[i] = detail::load_le(p + i * isz, dt);
-  }
+  const std::size_t bad = detail::load_le_array(p, vals.size(), dt, vals.data());
+  if (bad < vals.size())
+    throw format_error(name, "", "'<i8' entry " + std::to_string(bad) + " lies beyond 2^53 in magnitude (not exact as a double)");
   return StoredTensor{dt, Tensor<double>(shape, std::move(vals))};
 }
 

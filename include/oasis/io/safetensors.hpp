@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "oasis/core/huge_pages.hpp"
 #include "oasis/io/dtype.hpp"
 #include "oasis/io/json.hpp"
 
@@ -145,13 +146,12 @@ inline TensorMap parse_safetensors(const std::string& bytes, const std::string& 
   for (const Entry& e : entries) {
     const std::size_t isz = dtype_size(e.dtype);
     const std::size_t numel = static_cast<std::size_t>((e.end - e.begin) / isz);
-    std::vector<double> vals(numel);
+    std::vector<double> vals;
+    resize_advised(vals, numel);
     const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + data_start + e.begin;
-    for (std::size_t i = 0; i < numel; ++i) {
-      if (!detail::exact_integer(p + i * isz, e.dtype))
-        throw format_error(name, e.name, "I64 entry " + std::to_string(i) + " lies beyond 2^53 in magnitude (not exact as a double)");
-      vals[i] = detail::load_le(p + i * isz, e.dtype);
-    }
+    const std::size_t bad = detail::load_le_array(p, numel, e.dtype, vals.data());
+    if (bad < numel)
+      throw format_error(name, e.name, "I64 entry " + std::to_string(bad) + " lies beyond 2^53 in magnitude (not exact as a double)");
     out.emplace(e.name, StoredTensor{e.dtype, Tensor<double>(e.shape, std::move(vals))});
   }
   return out;

@@ -1,7 +1,7 @@
 // src/verify/fuzz/reference_kernel.cpp — reference_kernel(): the library's plain reference of an
-// op evaluated in float32 on the case's inputs (widened exactly from 16 bits), outputs stored as
-// f32. A correct implementation of every op the fuzzer drives: the fuzzer's own no-false-alarm
-// baseline (tests/fuzz) and the example of docs/fuzz.md.
+// op evaluated in float32 on the case's inputs, outputs stored as f32 (what it is a correct kernel
+// of: oasis/verify/fuzz.hpp): the fuzzer's own no-false-alarm baseline (tests/fuzz) and the example
+// of docs/fuzz.md.
 #include <algorithm>
 #include <cmath>
 

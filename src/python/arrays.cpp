@@ -84,29 +84,12 @@ io::StoredTensor to_stored(py::handle h, const std::string& dtype, const std::st
                 " values (bf16: the raw bits as uint16)");
   require_layout(a, name);
   io::StoredTensor s{d, Tensor<double>(shape_of(a))};
-  Tensor<double>& v = s.values;
-  const void* p = a.data();
-  for (index_t i = 0; i < v.size(); ++i) {
-    switch (d) {
-      case io::DType::f64: v[i] = static_cast<const double*>(p)[i]; break;
-      case io::DType::f32: {  // from the bits: a subnormal is kept under the caller's denormals-are-zero
-        std::uint32_t u;
-        std::memcpy(&u, static_cast<const float*>(p) + i, 4);
-        v[i] = io::float_bits_to_double(u);
-        break;
-      }
-      case io::DType::f16: v[i] = io::half_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
-      case io::DType::bf16: v[i] = io::bf16_bits_to_double(static_cast<const std::uint16_t*>(p)[i]); break;
-      case io::DType::i32: v[i] = static_cast<const std::int32_t*>(p)[i]; break;
-      case io::DType::i64: {
-        const std::int64_t x = static_cast<const std::int64_t*>(p)[i];
-        OASIS_REQUIRE(x >= -(std::int64_t(1) << 53) && x <= (std::int64_t(1) << 53), name, "int64 entry ", i,
-                      " lies beyond 2^53 in magnitude (not exact as a double)");
-        v[i] = static_cast<double>(x);
-        break;
-      }
-    }
-  }
+  // the file readers' decode (io::detail::load_le_array: float32 from its bits, so a subnormal is
+  // kept under the caller's denormals-are-zero); a native array is little-endian on every host built for
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "arrays are decoded as little-endian bytes");
+  const auto n = static_cast<std::size_t>(s.values.size());
+  const std::size_t bad = io::detail::load_le_array(static_cast<const unsigned char*>(a.data()), n, d, s.values.data());
+  OASIS_REQUIRE(bad == n, name, "int64 entry ", bad, " lies beyond 2^53 in magnitude (not exact as a double)");
   return s;
 }
 

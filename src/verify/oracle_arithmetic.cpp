@@ -10,7 +10,7 @@ namespace {
 struct ThreadState {
   int guards = 0;      ///< the calling thread's open guards
   bool saved = false;  ///< env holds this thread's environment from before a guard
-  std::fenv_t env;
+  std::fenv_t env{};
 };
 thread_local ThreadState state;
 

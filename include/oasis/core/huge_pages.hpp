@@ -33,10 +33,12 @@ inline void advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #endif
 }
 
-/// v.resize(n, fill), with storage it newly allocates advised for huge pages before it is filled.
-template <class T>
-void resize_advised(std::vector<T>& v, std::size_t n, const T& fill = T()) {
-  if constexpr (!std::is_same_v<T, bool>) {  // std::vector<bool> has no data()
+/// v.resize(n, fill) for a contiguous container (std::vector, std::string), with storage it newly
+/// allocates advised for huge pages before it is filled.
+template <class C>
+void resize_advised(C& v, std::size_t n, const typename C::value_type& fill = typename C::value_type()) {
+  using T = typename C::value_type;
+  if constexpr (!std::is_same_v<C, std::vector<bool>>) {  // std::vector<bool> has no data()
     if (n > v.capacity() && n * sizeof(T) >= kHugePagesFrom) {
       const T value = fill;  // fill may be an element of v, which reserve moves
       v.reserve(n);

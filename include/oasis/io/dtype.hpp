@@ -306,8 +306,6 @@ inline std::size_t load_le_array(const unsigned char* p, std::size_t n, DType d,
         if (!exact_integer(p + i * 8, d)) return i;
       load_le_run<DType::i64>(p, n, out);
       break;
-    default:  // a dtype without a loop of its own
-      for (std::size_t i = 0; i < n; ++i) out[i] = load_le(p + i * dtype_size(d), d);
   }
   return n;
 }
@@ -356,9 +354,7 @@ inline std::string read_file_bytes(const std::string& path) {
   if (size < 0) throw format_error(path, "", "cannot determine the file size");
   in.seekg(0, std::ios::beg);
   std::string bytes;
-  bytes.reserve(static_cast<std::size_t>(size));
-  advise_huge_pages(bytes.data(), static_cast<std::size_t>(size));
-  bytes.resize(static_cast<std::size_t>(size));
+  resize_advised(bytes, static_cast<std::size_t>(size));
   if (size > 0 && !in.read(&bytes[0], size)) throw format_error(path, "", "read error");
   return bytes;
 }

@@ -189,71 +189,17 @@ ElemBounds AttnRow::p_null_bounds(const bounds::Precision& pr) const {
   return {pr.u * p_null_wc + pr.p_floor, bounds::kSecondOrder * kLambda * pr.u * p_null_R + pr.p_floor};
 }
 
-void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {
-  const index_t Tk = c.s.Tk, dh = c.s.d_h, dv = c.s.d_v;
-  pk.b = b;
-  pk.hk = hk;
-  pk.tkp = round_up(Tk, kColumnQuantum) + kColumnQuantum;  // a block's window may start anywhere
-  pk.dvp = round_up(dv, kColumnQuantum);
-  pk.kt.assign(static_cast<std::size_t>(dh * pk.tkp), 0.0);
-  pk.kta.assign(pk.kt.size(), 0.0);
-  pk.vx.assign(static_cast<std::size_t>(Tk * 3 * pk.dvp), 0.0);
-  pk.vabs_prefix.assign(static_cast<std::size_t>((Tk + 1) * dv), 0.0);
-  constexpr index_t kTile = 64;  // transpose K in tiles of keys (reads and writes stay in cache)
-  for (index_t j0 = 0; j0 < Tk; j0 += kTile) {
-    const index_t j1 = std::min(Tk, j0 + kTile);
-    for (index_t x = 0; x < dh; ++x) {
-      double* kt = pk.kt.data() + x * pk.tkp;
-      double* ka = pk.kta.data() + x * pk.tkp;
-      for (index_t j = j0; j < j1; ++j) {
-        const double kx = c.krow(b, hk, j)[x];
-        kt[j] = kx;
-        ka[j] = std::abs(kx);
-      }
-    }
-  }
-  for (index_t j = 0; j < Tk; ++j) {
-    const double* vj = c.vrow(b, hk, j);
-    double* row = pk.vx.data() + j * 3 * pk.dvp;
-    double* pre = pk.vabs_prefix.data() + (j + 1) * dv;
-    const double* prev = pk.vabs_prefix.data() + j * dv;
-    for (index_t x = 0; x < dv; ++x) {
-      row[x] = vj[x];
-      row[pk.dvp + x] = std::abs(vj[x]);
-      row[2 * pk.dvp + x] = vj[x] * vj[x];
-      pre[x] = prev[x] + std::abs(vj[x]);
-    }
-  }
-  // the float sums' copies (float_sums.hpp), where every v is in their range
-  pk.float_sums = Tk <= fsum::kMaxTerms;
-  for (index_t j = 0; j < Tk && pk.float_sums; ++j) {
-    const double* vj = c.vrow(b, hk, j);
-    for (index_t x = 0; x < dv; ++x) pk.float_sums = pk.float_sums && fsum::in_range(vj[x]);
-  }
-  if (!pk.float_sums) return;
-  pk.vf.assign(static_cast<std::size_t>(Tk * 2 * pk.dvp), 0.0f);
-  pk.vnz_prefix.assign(static_cast<std::size_t>((Tk + 1) * dv), 0);
-  pk.vmax.assign(static_cast<std::size_t>(dv), 0.0);
-  for (index_t j = 0; j < Tk; ++j) {
-    const double* vj = c.vrow(b, hk, j);
-    float* row = pk.vf.data() + j * 2 * pk.dvp;
-    std::int32_t* nz = pk.vnz_prefix.data() + (j + 1) * dv;
-    const std::int32_t* nzp = pk.vnz_prefix.data() + j * dv;
-    for (index_t x = 0; x < dv; ++x) {
-      row[x] = static_cast<float>(std::abs(vj[x]));
-      row[pk.dvp + x] = static_cast<float>(vj[x] * vj[x]);
-      nz[x] = nzp[x] + (vj[x] != 0.0);
-      pk.vmax[static_cast<std::size_t>(x)] = std::max(pk.vmax[static_cast<std::size_t>(x)], std::abs(vj[x]));
-    }
-  }
-}
+// pack_kv: attention_oracle_pack.cpp
 
 namespace {
-/// sum_j w_j y_jx over a row's keys kr in double, y = |v| (or v^2: squares) from the packed values:
-/// a float sum's replacement where its uncertainty exceeds fsum::kRedo.
-double double_sum(const AttnPacked& pk, KeyRange kr, const double* w, index_t x, bool squares) {
+/// The blocks of AttnPacked::vx: v, |v|, v^2.
+enum class VCol { v = 0, abs = 1, squares = 2 };
+
+/// sum_j w_j y_jx over a row's keys kr in double, y from the packed values (column `col`): a float
+/// sum's replacement where its uncertainty exceeds fsum::kRedo.
+double double_sum(const AttnPacked& pk, KeyRange kr, const double* w, index_t x, VCol col) {
   const index_t ld = 3 * pk.dvp;
-  const double* y = pk.vx.data() + kr.begin * ld + (squares ? 2 : 1) * pk.dvp + x;
+  const double* y = pk.vx.data() + kr.begin * ld + static_cast<index_t>(col) * pk.dvp + x;
   double s = 0;
   for (index_t j = 0; j < kr.count(); ++j) s += w[j] * y[j * ld];
   return s;
@@ -295,9 +241,21 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   }
   ws.S.resize(nL);
   ws.AQ.resize(nL);
+  // Q = |q| |K|^T: a float sum of d_h terms where every q and k is in range (float_sums.hpp: no
+  // product leaves float's normal range, so no E), each Q_j within Q^_j (1 +- relQ)
+  bool qf = pk.k_float;
+  for (std::size_t i = 0; i < ws.qa.size() && qf; ++i) qf = fsum::in_range(ws.qa[i]);
+  const double relQ = qf ? fsum::gamma(dh + 2) : 0.0;
   if (L > 0) {
     g.gemm(ws.qb.data(), dh, pk.kt.data() + lo, pk.tkp, ws.S.data(), Lp, n, Lp, dh, false);
-    g.gemm(ws.qa.data(), dh, pk.kta.data() + lo, pk.tkp, ws.AQ.data(), Lp, n, Lp, dh, false);
+    if (qf) {
+      ws.qaf.assign(ws.qa.begin(), ws.qa.end());
+      ws.AQf.resize(nL);
+      g.gemm_f32(ws.qaf.data(), dh, pk.ktaf.data() + lo, pk.tkp, ws.AQf.data(), Lp, n, Lp, dh, false);
+      std::copy(ws.AQf.begin(), ws.AQf.end(), ws.AQ.begin());
+    } else {
+      g.gemm(ws.qa.data(), dh, pk.kta.data() + lo, pk.tkp, ws.AQ.data(), Lp, n, Lp, dh, false);
+    }
   }
   // the weights of the mixing sums, stacked so that each product reads adjacent rows:
   // [Z; P; W] (3n x Lp: Z the folded squares' weights, prob_mix_from_folded) and G (n x Lp)
@@ -343,6 +301,10 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     row.fused = fused_row(c, row, dot, Q, mixR, lg, prs[static_cast<std::size_t>(r)], w);
     if (!row.fused)
       general_row(c, row, dot, Q, bias.data(), mixR, lg, prs[static_cast<std::size_t>(r)], w);
+    // every bound piece is affine in the Q_j with nonnegative coefficients (the worst-case pieces,
+    // the own errors) or the square root of such a function of the Q_j^2 (R): within relQ of itself
+    row.rho += relQ;
+    row.own_rel = relQ;
     ws.fs[static_cast<std::size_t>(r)] = w.f;
     ws.sw[static_cast<std::size_t>(r)] = w.sw;
     ws.sp[static_cast<std::size_t>(r)] = w.sp;
@@ -354,27 +316,33 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   ws.out2.resize(static_cast<std::size_t>(n * dvp));
   const double* vx = pk.vx.data() + lo * 3 * dvp;
   const index_t ldv = 3 * dvp;
-  // the rows of a block's window past hi hold zero weights; the products stop at L
-  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR ? 2 * n : n, dvp, L, false);
-  // the sums of magnitudes V1, G1 and Z in float where the block's weights scale (float_sums.hpp):
-  // [P; G] |V| and Zw V^2, each row of weights scaled by its own 2^e
+  // the sums V1, G1, Z and X1 in float where the block's weights scale (float_sums.hpp): [P; G] |V|,
+  // Zw V^2 and W V, each row of weights scaled by its own 2^e
   bool fs = pk.float_sums && fsum::subnormals_kept();
   if (fs) {
-    ws.wf.resize(3 * nL);
-    ws.ef.resize(static_cast<std::size_t>(3 * n));
+    ws.wf.resize(4 * nL);
+    ws.ef.resize(static_cast<std::size_t>(4 * n));
     for (index_t r = 0; r < n && fs; ++r) {
       const auto ru = static_cast<std::size_t>(r);
       fs = fsum::scale_to_float(ws.P3.data() + nL + r * Lp, Lp, ws.wf.data() + r * Lp, ws.ef[ru]) &&
            fsum::scale_to_float(ws.G.data() + r * Lp, Lp, ws.wf.data() + nL + r * Lp, ws.ef[ru + n]) &&
-           (!mixR || fsum::scale_to_float(ws.P3.data() + r * Lp, Lp, ws.wf.data() + 2 * nL + r * Lp, ws.ef[ru + 2 * n]));
+           (!mixR || (fsum::scale_to_float(ws.P3.data() + r * Lp, Lp, ws.wf.data() + 2 * nL + r * Lp, ws.ef[ru + 2 * n]) &&
+                      fsum::scale_to_float(ws.P3.data() + 2 * nL + r * Lp, Lp, ws.wf.data() + 3 * nL + r * Lp,
+                                           ws.ef[ru + 3 * n])));
     }
   }
+  // the rows of a block's window past hi hold zero weights; the products stop at L. A = P V in
+  // double ([P; W] V without the float sums)
+  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR && !fs ? 2 * n : n, dvp, L, false);
   if (fs) {
     ws.of1.resize(static_cast<std::size_t>(2 * n * dvp));
-    ws.of2.resize(static_cast<std::size_t>(n * dvp));
-    const float* vf = pk.vf.data() + lo * 2 * dvp;
-    g.gemm_f32(ws.wf.data(), Lp, vf, 2 * dvp, ws.of1.data(), dvp, 2 * n, dvp, L, false);
-    if (mixR) g.gemm_f32(ws.wf.data() + 2 * nL, Lp, vf + dvp, 2 * dvp, ws.of2.data(), dvp, n, dvp, L, false);
+    ws.of2.resize(static_cast<std::size_t>(2 * n * dvp));
+    const float* vf = pk.vf.data() + lo * 3 * dvp;
+    g.gemm_f32(ws.wf.data(), Lp, vf, 3 * dvp, ws.of1.data(), dvp, 2 * n, dvp, L, false);
+    if (mixR) {
+      g.gemm_f32(ws.wf.data() + 2 * nL, Lp, vf + dvp, 3 * dvp, ws.of2.data(), dvp, n, dvp, L, false);
+      g.gemm_f32(ws.wf.data() + 3 * nL, Lp, vf + 2 * dvp, 3 * dvp, ws.of2.data() + n * dvp, dvp, n, dvp, L, false);
+    }
   } else {
     if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
     g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
@@ -396,12 +364,14 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     const double *Zw = ws.P3.data() + r * Lp + off, *Pw = Zw + nL, *Gw = ws.G.data() + r * Lp + off;
     const double g = fsum::gamma(m + 3);
     const double sP = fs ? std::ldexp(1.0, -ws.ef[ru]) : 0.0, sG = fs ? std::ldexp(1.0, -ws.ef[ru + n]) : 0.0,
-                 sZ = fs && mixR ? std::ldexp(1.0, -ws.ef[ru + 2 * n]) : 0.0;
+                 sZ = fs && mixR ? std::ldexp(1.0, -ws.ef[ru + 2 * n]) : 0.0,
+                 sW = fs && mixR ? std::ldexp(1.0, -ws.ef[ru + 3 * n]) : 0.0;
+    const double* Ww = Zw + 2 * nL;
     for (index_t x = 0; x < dv; ++x) {
       const auto xu = static_cast<std::size_t>(x);
       const double A = ws.out0[static_cast<std::size_t>(r * dvp + x)];
       row.absv[xu] = m > 0 ? range_sum(pb[x], pe[x], c.s.Tk) : 0.0;
-      double V1, G1, Z = 0, relV1 = 0, relG1 = 0, relZ = 0;
+      double V1, G1, Z = 0, X1 = 0, relV1 = 0, relG1 = 0, relZ = 0, EW = 0;
       if (fs) {  // the float sums unscaled, and their uncertainty (float_sums.hpp)
         const index_t nz = m > 0 ? ne[x] - nb[x] : 0;
         const double y1 = row.absv[xu], y2 = pk.vmax[xu] * row.absv[xu];
@@ -412,23 +382,28 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
         relV1 = fsum::rel(v1, g, E1);
         relG1 = fsum::rel(g1, g, E1);
         // a sum whose float value is too uncertain (most of it below float's normal range): in double
-        auto settle = [&](double& X, double& rel, const double* w, bool squares) {
+        auto settle = [&](double& X, double& rel, const double* w, VCol col) {
           if (rel <= fsum::kRedo) return;
-          X = double_sum(pk, row.kr, w, x, squares);
+          X = double_sum(pk, row.kr, w, x, col);
           rel = 0;
         };
-        settle(V1, relV1, Pw, false);
-        settle(G1, relG1, Gw, false);
+        settle(V1, relV1, Pw, VCol::abs);
+        settle(G1, relG1, Gw, VCol::abs);
         if (mixR) {
           const double z = ws.of2[static_cast<std::size_t>(r * dvp + x)];
           Z = z * sZ;
           relZ = fsum::rel(z, g, fsum::abs_part(y2, nz));
-          settle(Z, relZ, Zw, true);
+          settle(Z, relZ, Zw, VCol::squares);
+          X1 = ws.of2[static_cast<std::size_t>((n + r) * dvp + x)] * sW;
+          EW = E1 * sW;  // X1's absolute part, unscaled (fsum::signed_error)
         }
       } else {
         V1 = ws.out1[static_cast<std::size_t>(r * dvp + x)];
         G1 = ws.out1[static_cast<std::size_t>((n + r) * dvp + x)];
-        if (mixR) Z = ws.out2[static_cast<std::size_t>(r * dvp + x)];
+        if (mixR) {
+          Z = ws.out2[static_cast<std::size_t>(r * dvp + x)];
+          X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
+        }
       }
       row.out[xu] = A;
       row.G1[xu] = G1;
@@ -437,36 +412,45 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       // within theirs (the worst-case line's u (G1 + m V1): the larger), and the cancellation in the
       // expanded sums of squares (bounds::mix_cancellation)
       row.out_R[xu] = 0.0;  // set below with R (out_bounds' probabilistic part, unused here, reads it)
-      // (with the float sums' upper ends: V1 and G1 within relV1 and relG1, at most kRedo)
-      const double eA = row.out_bounds(x, dp).wc +
-                        bounds::kSecondOrder * dp.u * (relG1 * G1 + static_cast<double>(m) * relV1 * V1);
+      // (with the float sums' upper ends: V1 and G1 within relV1 and relG1, at most kRedo; every term
+      // at most affine in the Q_j: within relQ)
+      const double eA = (1.0 + relQ) * (row.out_bounds(x, dp).wc + bounds::kSecondOrder * dp.u *
+                                                                      (relG1 * G1 + static_cast<double>(m) * relV1 * V1));
       row.err_out[xu] = eA;
       const double V1lo = relV1 < 1.0 ? V1 * (1.0 - relV1) : 0.0;
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1lo + std::abs(A), std::numeric_limits<double>::min()) +
                         std::max(relV1, relG1);
       if (!mixR) continue;
-      const double X1 = ws.out0[static_cast<std::size_t>((n + r) * dvp + x)];
       const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
       // (scaled rows: every term times f^2, R f against it, each product ordered so that f, near
       // the top of the double range, never stands alone; Z holds the shared events' sum of
       // squares, sigma^2 (f sp) (f Y2))
       const double fA = f * A, fV1 = f * V1;
       double R2 = 0, U2 = 0;  // (f R)^2 as evaluated, and its uncertainty
+      bool x1_float = fs;
       auto assemble = [&] {
         row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
         const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
                            pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
         R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
         // R^2 = Z + ... + 3 m (f V1)^2 + ...: Z within relZ, (f V1)^2 within relV1 (2 + relV1)
+        // and -2 A X1 within 2 |A| times X1's uncertainty
         U2 = bounds::mix_cancellation(m) * mag + relZ * Z +
-             relV1 * (2.0 + relV1) * 3.0 * static_cast<double>(pr.keys) * fV1 * fV1;
+             relV1 * (2.0 + relV1) * 3.0 * static_cast<double>(pr.keys) * fV1 * fV1 +
+             (x1_float ? 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) : 0.0);
       };
       assemble();
       // where R^2 cancels (one key with nearly all the weight, a large sigma), Z's float error can
       // pass R^2 itself: that Z in double
       if (relZ > 0 && !(relZ * Z <= fsum::kRedo * R2)) {
-        Z = double_sum(pk, row.kr, Zw, x, true);
+        Z = double_sum(pk, row.kr, Zw, x, VCol::squares);
         relZ = 0;
+        assemble();
+      }
+      // and X1's, where A is large beside R (the same rows)
+      if (x1_float && !(2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) <= fsum::kRedo * R2)) {
+        X1 = double_sum(pk, row.kr, Ww, x, VCol::v);
+        x1_float = false;
         assemble();
       }
       // an R^2 that cancelled to 0 or below is known only to lie within [0, U2]

@@ -10,8 +10,8 @@
 // with G1_c = sum_j b1.p_j |v_jc|, V1_c = sum_j p_j |v_jc|, absv_c = sum over the visible range of
 // |v_jc|. The fast oracle's own error is the worst-case bound at own_precision() (every summation
 // order is covered), so a row of the fast oracle carries its error, a row of the mp50 oracle none.
-// The fast oracle's bound pieces carry a relative uncertainty (AttnRow::rho, rho_out): V1, G1 and Z
-// are float sums where the values allow them (float_sums.hpp).
+// The fast oracle's bound pieces carry a relative uncertainty (AttnRow::rho, rho_out): Q = |q| |K|^T,
+// V1, G1, Z and the signed X1 are float sums where the values allow them (float_sums.hpp).
 #pragma once
 
 #include <cstdint>
@@ -93,6 +93,9 @@ struct AttnRow {
   std::vector<double> p_R, out_R;        ///< out_R: 0 where AttnCall::mix_R_needed is false
   double lse_R = 0, p_null_R = 0;
   double rho = 0;                        ///< relative uncertainty of the pieces (fast oracle)
+  /// relative uncertainty of the own-error bounds: Q_j as a float sum within Q^_j (1 +- own_rel)
+  /// (float_sums.hpp); each own bound is affine in the Q_j with nonnegative coefficients
+  double own_rel = 0;
   std::vector<double> rho_out;           ///< per c, for out (R's cancellation term only with R)
   std::vector<double> err_out;           ///< per c: the fast oracle's own error bound on out (0 when exact)
 
@@ -106,7 +109,8 @@ struct AttnRow {
 /// Reusable buffers of one thread of the fast oracle.
 struct AttnWorkspace {
   std::vector<double> qb, qa, S, AQ, P3, G, out0, out1, out2;
-  std::vector<float> wf, of1, of2;       ///< the float sums' weights [P; G; Zw] and results (float_sums.hpp)
+  std::vector<float> qaf, AQf;           ///< |q| of the block's rows and Q = |q| |K|^T in float
+  std::vector<float> wf, of1, of2;       ///< the float sums' weights [P; G; Zw; W] and results (float_sums.hpp)
   std::vector<int> ef;                   ///< the scale 2^e of each row of wf
   std::vector<double> sw, sp, fs, bias;  ///< per row of a block; one row's bias
   std::vector<KeyRange> kr;
@@ -117,11 +121,14 @@ struct AttnWorkspace {
 struct AttnPacked {
   index_t b = -1, hk = -1, tkp = 0, dvp = 0;
   std::vector<double> kt, kta;   ///< K^T and |K|^T: [d_h][tkp]
+  /// Q = |q| |K|^T by a float sum (float_sums.hpp): every k in range and d_h <= kMaxTerms
+  bool k_float = false;
+  std::vector<float> ktaf;       ///< |K|^T in float (k_float only)
   std::vector<double> vx;        ///< rows [V | |V| | V^2], each block dvp wide
   std::vector<double> vabs_prefix;  ///< [(Tk + 1) x d_v] prefix sums of |v|
-  /// V1, G1 and Z by float sums (float_sums.hpp): every v in range and Tk <= kMaxTerms
+  /// V1, G1, Z and X1 by float sums (float_sums.hpp): every v in range and Tk <= kMaxTerms
   bool float_sums = false;
-  std::vector<float> vf;            ///< rows [|V| | V^2] in float, each block dvp wide (float_sums only)
+  std::vector<float> vf;            ///< rows [|V| | V^2 | V] in float, each block dvp wide (float_sums only)
   std::vector<std::int32_t> vnz_prefix;  ///< [(Tk + 1) x d_v] prefix counts of nonzero v (float_sums only)
   std::vector<double> vmax;         ///< [d_v] the largest |v| of each column (float_sums only)
 };

@@ -1,6 +1,7 @@
-// src/verify/float_sums.hpp — sums of nonnegative products in float, for the fast oracles' bound
-// pieces that are sums of magnitudes (V1 = sum_j p_j |v_j|, G1 = sum_j g_j |v_j|, Z = sum_j Zw_j v_j^2),
-// with the relative uncertainty the oracle then declares for them (AttnRow::rho_out).
+// src/verify/float_sums.hpp — sums of products in float, for the fast oracles' bound pieces: sums of
+// magnitudes (Q_j = sum_c |q_c k_jc|, V1 = sum_j p_j |v_j|, G1 = sum_j g_j |v_j|, Z = sum_j Zw_j v_j^2)
+// and one signed sum with nonnegative weights (X1 = sum_j W_j v_j), with the uncertainty the oracle then
+// declares for them (AttnRow::rho, rho_out, own_rel).
 //
 // The oracle needs such a piece X = sum_j w_j y_j (w_j >= 0 weights in double, y_j >= 0) only within the
 // uncertainty it declares: an element whose verdict that uncertainty could change goes to the mp50
@@ -21,6 +22,16 @@
 // decision needs X within X^ (1 +- rel), relative to the computed X^: X^ <= (1 + u_f)^(m+3) X + E
 // gives X^ - X <= gamma X + E <= rel X^ by the above, and X^ >= (1 - u_f)^(m+3) X - E with
 // (1 - u_f)^-n - 1 <= gamma_n gives X - X^ <= gamma X^ + E (1 + gamma) <= rel X^.
+//
+// Q_j: the d_h terms |q_c| |k_jc| with every nonzero |q|, |k| in [2^-40, 2^40]: each product lies in
+// float's normal range and no sum passes 2^127 (d_h <= kMaxTerms), so E = 0 and, from the same steps,
+// Q_j within Q^_j (1 +- gamma_{d_h+2}) (the two operands' roundings and the chain's d_h).
+//
+// A signed sum X = sum_j w_j y_j (w_j >= 0, y_j = v_j in range) takes the same roundings with |y_j| in
+// their magnitudes: |X^ - X| <= gamma_{m+3} sum_j w_j |y_j| + E (E as above, Y >= sum_j |y_j|). By
+// Cauchy-Schwarz sum_j w_j |y_j| <= sqrt(sum_j w_j) sqrt(sum_j w_j y_j^2), and the oracle holds upper
+// ends of both: sw (a double sum) and a sum of squares Z whose weights are at least the w_j
+// (signed_error).
 #pragma once
 
 #include <cmath>
@@ -72,6 +83,13 @@ inline double rel(double x_hat, double g, double E) {
   if (E == 0.0) return g;
   if (!(x_hat > E)) return std::numeric_limits<double>::infinity();
   return g + E * (1.0 + g) / (x_hat - E);
+}
+
+/// The uncertainty of a signed float sum X^ of the header, unscaled: g = gamma(m + 3), sw >= sum_j w_j
+/// and zsq >= sum_j w_j y_j^2 (each up to double roundings: sums of at most kMaxTerms + 2 terms, which
+/// the factor 1 + 1e-9 covers), E its absolute part in the same units.
+inline double signed_error(double g, double sw, double zsq, double E) {
+  return g * std::sqrt(sw * zsq) * (1.0 + 1e-9) + E;
 }
 
 }  // namespace oasis::verify::detail::fsum

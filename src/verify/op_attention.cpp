@@ -90,6 +90,7 @@ bool judge(const AttnCall& c, const AttnRow& r, const Target& t, index_t e, Poli
       break;
     }
   }
+  if (t.kind != Kind::out) own.wc *= 1.0 + r.own_rel;  // (err_out holds it already)
   RefValue ref{hi, 0.0, own.wc, exact};
   if (exact && std::isfinite(hi)) ref.lo = static_cast<double>(*exact - mp50(hi));
   Allowed a = allowed_terms(t.got->dtype, policy, eb.wc, eb.prob, t.kind == Kind::out ? mix : 0.0, r.exact ? 0.0 : rho, t.in);

@@ -375,6 +375,24 @@ inline Case make_case(const std::string& name, index_t B, index_t H, index_t H_k
   return c;
 }
 
+/// Sinks of H heads in [lo, hi), stratified: the h-th of H equal parts of the range goes to a head
+/// drawn at random, a uniform point within it. Each head's sink is uniform on the range, and every
+/// draw holds one within (hi - lo) / H of hi, so a mistake whose effect grows with the sink (the null
+/// dropped, counted twice, left out of the LSE) shows at every seed, not only where H independent
+/// draws happened to reach high.
+inline std::vector<double> stratified_sinks(index_t H, double lo, double hi, std::uint64_t seed) {
+  auto rng = test::make_rng(seed);
+  std::vector<index_t> part(static_cast<std::size_t>(H));
+  for (index_t h = 0; h < H; ++h) part[static_cast<std::size_t>(h)] = h;
+  std::shuffle(part.begin(), part.end(), rng);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  std::vector<double> s(static_cast<std::size_t>(H));
+  for (index_t h = 0; h < H; ++h)
+    s[static_cast<std::size_t>(h)] = lo + (hi - lo) * (static_cast<double>(part[static_cast<std::size_t>(h)]) + ud(rng)) /
+                                              static_cast<double>(H);
+  return s;
+}
+
 /// The cases of docs/tolerances.md: the acceptance shapes (float32 decoding over 4096 keys with
 /// sinks, 512 keys, bf16 outputs at 4-64 keys, the 64-key prefill where one element is moved) and
 /// the zoo's ranges (8192 keys, extreme logits, subnormal outputs, small logits, GQA).

@@ -125,7 +125,9 @@ TEST(AttentionDesigns, CorrectDesignsPassEverywhere) {
 // Teeth: every design with a mistake fails the default policy at every row length >= 8, in every
 // dtype: the sink dropped, counted twice, scaled by sm_scale or indexed per kv head, the diagonal
 // masked, the window off by one, the LSE without the null. Rows of 8 to 64 keys, sinks uniform in
-// [-3, 3] (gpt-oss), 4 query heads on 2 kv heads.
+// [-3, 3] (gpt-oss) and stratified (zoo::stratified_sinks: one of the 4 heads' above 1.5 at every
+// seed; with independent draws the LSE without a null of at most -1 passed a bf16 check, at some
+// seeds), 4 query heads on 2 kv heads.
 TEST(AttentionDesigns, MistakesFailEveryDesign) {
   const std::pair<const char*, zoo::Bug> bugs[] = {
       {"sink_dropped", zoo::Bug::null_dropped},         {"sink_twice", zoo::Bug::null_twice},
@@ -137,7 +139,9 @@ TEST(AttentionDesigns, MistakesFailEveryDesign) {
     for (const zoo::Impl& design : designs(d))
       for (index_t T : {8, 16, 32, 48, 64})
         for (const auto& [bug_name, bug] : bugs) {
-          zoo::Case c = case_in(zoo::make_case("teeth", 1, 4, 2, T, T, 64, true, true, 1.0, 1.0, 600 + static_cast<std::uint64_t>(T)), d);
+          zoo::Case c0 = zoo::make_case("teeth", 1, 4, 2, T, T, 64, true, true, 1.0, 1.0, 600 + static_cast<std::uint64_t>(T));
+          c0.opt.null_logits = zoo::stratified_sinks(4, -3.0, 3.0, 700 + static_cast<std::uint64_t>(T));
+          zoo::Case c = case_in(std::move(c0), d);
           if (bug == zoo::Bug::window_off_by_one) c.opt.window = T / 2;
           zoo::Impl im = design;
           im.bug = bug;

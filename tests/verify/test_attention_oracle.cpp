@@ -91,8 +91,10 @@ void expect_rows_are_the_mp50_rows(const det::AttnCall& c, bool fused, const std
     auto near = [&](double a, double b, double tol, const std::string& what) {
       EXPECT_LE(std::abs(a - b), tol + std::abs(b) * 0x1p-53) << at << " " << what << ": fast " << a << " mp50 " << b;
     };
-    near(f.lse, g.lse, f.lse_bounds(own).wc, "lse");
-    near(f.p_null, g.p_null, f.p_null_bounds(own).wc, "p_null");
+    // (the own bounds, with Q a float sum, within own_rel of their values at the exact Q)
+    const double ow = 1.0 + f.own_rel;
+    near(f.lse, g.lse, ow * f.lse_bounds(own).wc, "lse");
+    near(f.p_null, g.p_null, ow * f.p_null_bounds(own).wc, "p_null");
     near(f.lse_wc, g.lse_wc, f.rho * g.lse_wc, "lse_wc");
     near(f.lse_R, g.lse_R, f.rho * g.lse_R, "lse_R");
     near(f.p_null_wc, g.p_null_wc, f.rho * g.p_null_wc, "p_null_wc");
@@ -103,7 +105,8 @@ void expect_rows_are_the_mp50_rows(const det::AttnCall& c, bool fused, const std
     for (std::size_t j = 0; j < f.p.size(); ++j) {
       const auto jj = static_cast<index_t>(j);
       // (p_bounds reads p_R, which is empty without the probabilities' bounds)
-      near(f.p[j], g.p[j], f.p_R.empty() ? own.u * f.p_wc[j] + own.p_floor : f.p_bounds(jj, own).wc, "p_" + std::to_string(j));
+      near(f.p[j], g.p[j], ow * (f.p_R.empty() ? own.u * f.p_wc[j] + own.p_floor : f.p_bounds(jj, own).wc),
+           "p_" + std::to_string(j));
       near(f.p_wc[j], g.p_wc[j], f.rho * g.p_wc[j], "p_wc_" + std::to_string(j));
       if (!f.p_R.empty()) near(f.p_R[j], g.p_R[j], f.rho * g.p_R[j], "p_R_" + std::to_string(j));
       EXPECT_EQ(f.masked[j], g.masked[j]) << at;
@@ -278,6 +281,48 @@ TEST(AttentionOracle, FloatSumsWhereTheValuesAllowThemDoubleProductsElsewhere) {
     const Tensor<double> v = oasis::test::randn<double>({1, 1, keys, 4}, rng);
     EXPECT_EQ(packed(det::AttnCall(q, k, v, o)), keys <= oasis::verify::detail::fsum::kMaxTerms) << keys << " keys";
   }
+}
+
+// Q_j = sum_c |q_c k_jc| by a float sum (src/verify/float_sums.hpp) where every q and k is in its
+// range, by a double product elsewhere: own_rel says which (gamma_{d_h+2}, or 0), and on both every
+// piece is the mp50 rows' within the declared uncertainty. A k out of range turns it off for its
+// (batch, kv head), a q out of range for its block of rows.
+TEST(AttentionOracle, ScoreMagnitudesInFloatWhereTheValuesAllowThem) {
+  auto rng = oasis::test::make_rng(405);
+  const index_t Tq = 3, Tk = 200, d = 48;
+  oasis::AttentionOptions o;
+  o.normalizer = oasis::RowNorm::softmax1;
+  o.null_logits = {1.0};
+  const Tensor<double> q = oasis::test::randn<double>({1, 1, Tq, d}, rng, 2.0);
+  const Tensor<double> k = oasis::test::randn<double>({1, 1, Tk, d}, rng, 2.0);
+  const Tensor<double> v = oasis::test::randn<double>({1, 1, Tk, d}, rng);
+  const double g = oasis::verify::detail::fsum::gamma(d + 2);
+  int fused = 0, general = 0;
+  struct Case {
+    std::string label;
+    Tensor<double> q, k;
+    double own_rel;
+  };
+  std::vector<Case> cases = {{"in range", q, k, g}};
+  for (double out_of_range : {0x1p41, 0x1p-41}) {  // (against a zero column of the other: scores unchanged in scale)
+    Case ck{"a k of " + std::to_string(out_of_range), q, k, 0.0};
+    ck.k(0, 0, Tk / 2, 7) = out_of_range;
+    for (index_t t = 0; t < Tq; ++t) ck.q(0, 0, t, 7) = 0.0;
+    Case cq{"a q of " + std::to_string(out_of_range), q, k, 0.0};
+    cq.q(0, 0, Tq - 1, 3) = out_of_range;
+    for (index_t j = 0; j < Tk; ++j) cq.k(0, 0, j, 3) = 0.0;
+    cases.push_back(ck);
+    cases.push_back(cq);
+  }
+  for (const Case& cs : cases) {
+    const det::AttnCall c(cs.q, cs.k, v, o);
+    for (const det::AttnRow& r : fast_rows_of(c)) {
+      EXPECT_EQ(r.own_rel, cs.own_rel) << cs.label << " row " << r.t;
+      EXPECT_GE(r.rho, cs.own_rel) << cs.label << " row " << r.t;
+    }
+    expect_rows_are_the_mp50_rows(c, true, cs.label, fused, general);
+  }
+  EXPECT_EQ(fused, 5 * Tq);
 }
 
 namespace {

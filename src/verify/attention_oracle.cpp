@@ -302,8 +302,9 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     if (!row.fused)
       general_row(c, row, dot, Q, bias.data(), mixR, lg, prs[static_cast<std::size_t>(r)], w);
     // every bound piece is affine in the Q_j with nonnegative coefficients (the worst-case pieces,
-    // the own errors) or the square root of such a function of the Q_j^2 (R): within relQ of itself
-    row.rho += relQ;
+    // the own errors) or the square root of a polynomial of degree at most 2 in them and their
+    // maximum with nonnegative coefficients (R): within relQ of itself, composed with the rest
+    row.rho += relQ * (1.0 + row.rho);
     row.own_rel = relQ;
     ws.fs[static_cast<std::size_t>(r)] = w.f;
     ws.sw[static_cast<std::size_t>(r)] = w.sw;
@@ -332,7 +333,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
     }
   }
   // the rows of a block's window past hi hold zero weights; the products stop at L. A = P V in
-  // double ([P; W] V without the float sums)
+  // double (and X1 = W V, [P; W] V, without the float sums; with them X1 is a float sum below)
   g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR && !fs ? 2 * n : n, dvp, L, false);
   if (fs) {
     ws.of1.resize(static_cast<std::size_t>(2 * n * dvp));
@@ -419,7 +420,7 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       row.err_out[xu] = eA;
       const double V1lo = relV1 < 1.0 ? V1 * (1.0 - relV1) : 0.0;
       row.rho_out[xu] = row.rho + 4.0 * eA / std::max(V1lo + std::abs(A), std::numeric_limits<double>::min()) +
-                        std::max(relV1, relG1);
+                        std::max(relV1, relG1) * (1.0 + relQ);
       if (!mixR) continue;
       const double f = ws.fs[ru], sw = ws.sw[ru], sp = ws.sp[ru];
       // (scaled rows: every term times f^2, R f against it, each product ordered so that f, near
@@ -440,18 +441,23 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
              (x1_float ? 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) : 0.0);
       };
       assemble();
-      // where R^2 cancels (one key with nearly all the weight, a large sigma), Z's float error can
-      // pass R^2 itself: that Z in double
+      // where R^2 cancels (one key with nearly all the weight, a large sigma), X1's and Z's float
+      // errors can pass R^2 itself: those sums in double (X1 first, since its error reads Z; then
+      // Z, against the R^2 without X1's error; then X1 again against the new R^2)
+      auto x1_settled = [&] {
+        return !x1_float || 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) <= fsum::kRedo * R2;
+      };
+      auto x1_in_double = [&] {
+        X1 = double_sum(pk, row.kr, Ww, x, VCol::v);
+        x1_float = false;
+        assemble();
+      };
+      if (!x1_settled()) x1_in_double();
       if (relZ > 0 && !(relZ * Z <= fsum::kRedo * R2)) {
         Z = double_sum(pk, row.kr, Zw, x, VCol::squares);
         relZ = 0;
         assemble();
-      }
-      // and X1's, where A is large beside R (the same rows)
-      if (x1_float && !(2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) <= fsum::kRedo * R2)) {
-        X1 = double_sum(pk, row.kr, Ww, x, VCol::v);
-        x1_float = false;
-        assemble();
+        if (!x1_settled()) x1_in_double();
       }
       // an R^2 that cancelled to 0 or below is known only to lie within [0, U2]
       row.rho_out[xu] += R2 > 0 ? U2 / R2 : (U2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);

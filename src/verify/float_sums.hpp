@@ -88,8 +88,9 @@ inline double rel(double x_hat, double g, double E) {
 /// The uncertainty of a signed float sum X^ of the header, unscaled: g = gamma(m + 3), sw >= sum_j w_j
 /// and zsq >= sum_j w_j y_j^2 (each up to double roundings: sums of at most kMaxTerms + 2 terms, which
 /// the factor 1 + 1e-9 covers), E its absolute part in the same units.
+/// (Each root apart: sw and zsq may each lie near 2^-800, where their product would underflow.)
 inline double signed_error(double g, double sw, double zsq, double E) {
-  return g * std::sqrt(sw * zsq) * (1.0 + 1e-9) + E;
+  return g * std::sqrt(sw) * std::sqrt(zsq) * (1.0 + 1e-9) + E;
 }
 
 }  // namespace oasis::verify::detail::fsum

@@ -154,6 +154,10 @@ TEST(FloatSums, SignedSumsAndScoreMagnitudesWithinTheirBounds) {
     }
     std::printf("signed sums (%s): largest |err| / bound %.3f; score magnitudes: %.3f\n", G->isa, worst_x1, worst_q);
   }
+  // unscaled sums near the bottom of the double range (a row whose largest weight is near 2^-390,
+  // left unscaled by prob_mix_scale): the bound does not underflow with them
+  const double g = fsum::gamma(100);
+  EXPECT_EQ(fsum::signed_error(g, 0x1p-780, 0x1p-780, 0.0), g * 0x1p-780 * (1.0 + 1e-9));
 #endif
 }
 

@@ -20,7 +20,7 @@ using Vec = std::vector<double>;
 
 inline constexpr index_t kRowTile = 64;  // query rows per tile (one head)
 
-inline index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
+using kernels::round_up;
 inline double sq(double x) { return x * x; }
 inline std::size_t at(index_t i) { return static_cast<std::size_t>(i); }
 

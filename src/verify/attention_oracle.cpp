@@ -30,9 +30,8 @@ void in_lse_convention(const AttnCall& c, AttnRow& r, const Logits& L, const mp5
 namespace {
 
 using kernels::kColumnQuantum;
+using kernels::round_up;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
 
 void row_logits(const AttnCall& c, AttnRow& r, const double* dot, const double* Q, const double* bias, Logits& L) {
   const index_t m = r.m();
@@ -313,8 +312,6 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   // mixing sums: [A; X1] = [P; W] V, Z = Zw V^2, V1 = P |V|, G1 = G |V| (without R: A = P V, V1
   // and G1)
   ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
-  ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
-  ws.out2.resize(static_cast<std::size_t>(n * dvp));
   const double* vx = pk.vx.data() + lo * 3 * dvp;
   const index_t ldv = 3 * dvp;
   // the sums V1, G1, Z and X1 in float where the block's weights scale (float_sums.hpp): [P; G] |V|,
@@ -345,6 +342,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       g.gemm_f32(ws.wf.data() + 3 * nL, Lp, vf + 2 * dvp, 3 * dvp, ws.of2.data() + n * dvp, dvp, n, dvp, L, false);
     }
   } else {
+    ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
+    ws.out2.resize(static_cast<std::size_t>(n * dvp));
     if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
     g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
     g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
@@ -429,35 +428,37 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
       const double fA = f * A, fV1 = f * V1;
       double R2 = 0, U2 = 0;  // (f R)^2 as evaluated, and its uncertainty
       bool x1_float = fs;
+      double eX1 = 0;  // -2 A X1's share of U2: 2 |A| times X1's float uncertainty (0 once X1 is in double)
+      auto x1_error = [&] { eX1 = x1_float ? 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) : 0.0; };
       auto assemble = [&] {
         row.out_R[xu] = bounds::prob_mix_from_folded(pr, row.p_null, A, V1, X1, Z, sw, sp, f);
         const double mag = Z + 2.0 * std::abs(A * X1) + std::abs(A * (A * sw)) + fA * fA * (2.0 + sp) +
                            pr.sigma * pr.sigma * (f * sp) * (fA * A) * (2.0 + sp);
         R2 = (f * row.out_R[xu]) * (f * row.out_R[xu]);
         // R^2 = Z + ... + 3 m (f V1)^2 + ...: Z within relZ, (f V1)^2 within relV1 (2 + relV1)
-        // and -2 A X1 within 2 |A| times X1's uncertainty
+        // and -2 A X1 within eX1
         U2 = bounds::mix_cancellation(m) * mag + relZ * Z +
-             relV1 * (2.0 + relV1) * 3.0 * static_cast<double>(pr.keys) * fV1 * fV1 +
-             (x1_float ? 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) : 0.0);
+             relV1 * (2.0 + relV1) * 3.0 * static_cast<double>(pr.keys) * fV1 * fV1 + eX1;
       };
+      x1_error();
       assemble();
       // where R^2 cancels (one key with nearly all the weight, a large sigma), X1's and Z's float
       // errors can pass R^2 itself: those sums in double (X1 first, since its error reads Z; then
       // Z, against the R^2 without X1's error; then X1 again against the new R^2)
-      auto x1_settled = [&] {
-        return !x1_float || 2.0 * std::abs(A) * fsum::signed_error(g, sw, Z * (1.0 + relZ), EW) <= fsum::kRedo * R2;
-      };
-      auto x1_in_double = [&] {
+      auto settle_x1 = [&] {
+        if (!x1_float || eX1 <= fsum::kRedo * R2) return;
         X1 = double_sum(pk, row.kr, Ww, x, VCol::v);
         x1_float = false;
+        x1_error();
         assemble();
       };
-      if (!x1_settled()) x1_in_double();
+      settle_x1();
       if (relZ > 0 && !(relZ * Z <= fsum::kRedo * R2)) {
         Z = double_sum(pk, row.kr, Zw, x, VCol::squares);
         relZ = 0;
+        x1_error();
         assemble();
-        if (!x1_settled()) x1_in_double();
+        settle_x1();
       }
       // an R^2 that cancelled to 0 or below is known only to lie within [0, U2]
       row.rho_out[xu] += R2 > 0 ? U2 / R2 : (U2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);

@@ -11,7 +11,7 @@
 namespace oasis::verify::detail {
 namespace {
 using kernels::kColumnQuantum;
-index_t round_up(index_t n, index_t q) { return (n + q - 1) / q * q; }
+using kernels::round_up;
 }  // namespace
 
 void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk) {

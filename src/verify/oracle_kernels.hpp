@@ -20,6 +20,9 @@ using idx = std::int64_t;
 /// Column count that every B and C passed to oracle_gemm must be a multiple of.
 inline constexpr idx kColumnQuantum = 32;
 
+/// n rounded up to a multiple of q (q > 0).
+inline constexpr idx round_up(idx n, idx q) { return (n + q - 1) / q * q; }
+
 struct Gemm {
   const char* isa;
   /// C[M x N] = (accumulate ? C : 0) + A[M x K] B[K x N]; leading dimensions lda, ldb, ldc;

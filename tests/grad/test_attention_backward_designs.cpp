@@ -151,14 +151,24 @@ TEST(AttentionBackwardDesigns, FlashAttention2InBf16MutantsFail) {
 
 // The stored forward is checked before it widens anything: an `out` or `lse` off the forward by more
 // than the forward's certain line is an input error naming it; one of the wrong shape too.
+// The certain line of a stored element (op_attention_backward.cpp): twice attention_bounds<float>
+// scaled to the stored type's unit roundoff, plus one ulp of the exact value in that type. A stored
+// element already within it (the kernel's passes) moved by three times it lies beyond it.
 TEST(AttentionBackwardDesigns, StoredForwardIsCheckedFirst) {
   Case c{"stored", 1, 2, 1, 16, 16, 16, 16};
   c.causal = c.sinks = true;
   const Instance I = instance_in(c, base_seed() + 420, DType::bf16);
   const Submission ok = fa2_in(I, DType::bf16, Mutant::none, true);
   ASSERT_TRUE(compare(I, ok).passed) << verify::format_report(compare(I, ok));
+  AttentionOptions fo = I.opt;
+  fo.return_probs = true;
+  const AttentionResult<double> ex = token_attention(I.q, I.k, I.v, fo);
+  const bounds::AttentionBounds fb = bounds::attention_bounds(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), I.opt, ex);
+  auto line = [](const Tensor<double>& B, const Tensor<double>& e, index_t i, DType d) {
+    return 2.0 * B[i] * io::dtype_eps(d) / io::dtype_eps(DType::f32) + io::dtype_ulp(d, std::abs(e[i]));
+  };
   Submission bad = ok;
-  bad.out[5] += 1.0;  // the all-in-bf16 forward line at d = 16 is ~0.1
+  bad.out[5] += 3.0 * line(fb.out, ex.out, 5, DType::bf16);
   EXPECT_THROW(
       {
         try {
@@ -171,7 +181,7 @@ TEST(AttentionBackwardDesigns, StoredForwardIsCheckedFirst) {
       },
       invalid_argument);
   bad = ok;
-  bad.lse[3] += 1.0;
+  bad.lse[3] += 3.0 * line(fb.lse, ex.lse, 3, DType::f32);
   EXPECT_THROW(compare(I, bad), invalid_argument);
   bad = ok;
   bad.lse = Tensor<double>({1, 2, 15});

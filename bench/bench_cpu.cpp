@@ -12,6 +12,8 @@
 //                        projections, fused attention, output projection), d = 512, T = 1024
 //   Layer_model_*        (bench_model.cpp) one full block of the model oracle, Model<float>
 //   Oracle_mp50_*        (bench_oracle.cpp) the 50-digit oracle's throughput
+//   OracleGemm_*         the fast oracle's matrix product (src/verify/oracle_kernels.hpp) at the
+//                        attention oracle's shapes, one product per thread
 // Every fast configuration is validated (the kernel parity rule of tests/parity/parity_bound.hpp against
 // oasis::mp50 on a subset of rows; depth routing: bitwise equal to the reference) before it is
 // timed; a failure aborts the run with exit status 2.
@@ -35,6 +37,7 @@
 #include "oasis/oasis.hpp"
 #include "oasis_random.hpp"
 #include "fast_kernels.hpp"  // src/cpu_fast: the kernel table, for BM_Attention_fast_kernel
+#include "oracle_kernels.hpp"  // src/verify: the fast oracle's matrix product, for BM_OracleGemm
 
 namespace oasis_bench {
 using namespace oasis;
@@ -430,6 +433,40 @@ void BM_Route_fast_backend_api(benchmark::State& st) {
   st.SetLabel(std::string(cpu_fast::isa()) + ", " + std::string(cpu_fast::route_streams()) + ", fresh result per call");
 }
 
+// ---- the fast oracle's matrix product ------------------------------------------------------------
+// The products of fast_rows (src/verify/attention_oracle.cpp) for a block of 64 query rows over 4096
+// keys, d = 128: shape 0 the scores (64 x 4096, K = 128: S = Q K^T, and Q = |q| |K|^T in float),
+// shape 1 the mixing sums (64 x 128, K = 4096: A = P V, and the bound's sums in float). Arg 0:
+// double (1) or float (0). Each thread runs its own product; the rate is all threads' flops over
+// wall time, against the float GEMM ceiling.
+void BM_OracleGemm(benchmark::State& st) {
+  const bool dbl = st.range(0) == 1, scores = st.range(1) == 0;
+  const index_t M = 64, N = scores ? 4096 : 128, K = scores ? 128 : 4096;
+  const auto& g = verify::kernels::oracle_gemm();
+  const int nt = threads();
+  auto rng = oasis::test::make_rng(7);
+  const Tensor<double> a = oasis::test::randn<double>({M, K}, rng), b = oasis::test::randn<double>({K, N}, rng);
+  const std::vector<float> af(a.data(), a.data() + a.size()), bf(b.data(), b.data() + b.size());
+  std::vector<std::vector<double>> c(static_cast<std::size_t>(nt), std::vector<double>(static_cast<std::size_t>(M * N)));
+  std::vector<std::vector<float>> cf(static_cast<std::size_t>(nt), std::vector<float>(static_cast<std::size_t>(M * N)));
+  auto run = [&] {
+#pragma omp parallel num_threads(nt)
+    {
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      if (dbl) g.gemm(a.data(), K, b.data(), N, c[t].data(), N, M, N, K, false);
+      else g.gemm_f32(af.data(), K, bf.data(), N, cf[t].data(), N, M, N, K, false);
+    }
+  };
+  run();  // warm-up (first touch, threads)
+  const Span t0 = Span::start();
+  for (auto _ : st) {
+    run();
+    benchmark::ClobberMemory();
+  }
+  report_flops(st, 2.0 * static_cast<double>(M * N * K) * nt, t0);
+  st.SetLabel(std::string(g.isa) + (dbl ? ", double" : ", float"));
+}
+
 // ---- one AttnRes attention sublayer from the core ops -------------------------------------------
 // h = route(sources) (fast, n = 8), x = RMSNorm(h), Q/K/V = x W (Eigen GEMM), fused causal
 // Softmax1 attention (8 heads x 64), y = A W_o. d = 512, T = 1024 tokens, batch 1.
@@ -513,6 +550,7 @@ BENCHMARK(BM_Attention_reference)->ArgsProduct({{1024, 4096}, {64, 128}})->Unit(
 BENCHMARK(BM_Route_fast)->Arg(8)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Route_fast_backend_api)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Route_reference)->Arg(8)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_OracleGemm)->ArgsProduct({{1, 0}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 BENCHMARK(BM_Layer_attnres_attention_sublayer)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);
 // the ceilings again at the end: a drift between the two shows a machine whose load changed
 BENCHMARK(BM_Ceiling_GemmF32)->Name("BM_Ceiling_GemmF32_end")->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(kSteady);

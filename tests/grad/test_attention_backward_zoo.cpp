@@ -125,7 +125,8 @@ TEST(AttentionBackwardZoo, EveryMutantFailsBothChecks) {
 // reference's own bound (nudged): the correct elements are then undecided; those of a tensor
 // already FAIL-certain are left so, and the others would need the whole op in mp50, past a budget
 // set here below its estimate.
-// With sinks of +8 every mutant is FAIL-certain. The errors of D without the null and of dp without
+// In float64 every mutant is FAIL-certain at both sinks (its lines are near 1e-12). In float32,
+// with sinks of +8 every mutant is FAIL-certain. The errors of D without the null and of dp without
 // its (1 - p_null) are proportional to p_null: at +6 the null holds about 6% of a row (4096 scores
 // of unit variance weigh about 4096 e^(1/2) against e^6), and the smaller of those errors measured
 // 0.81 to 2.8 times the worst-case line over seeds 0-16 (OASIS_TEST_SEED), a FAIL but not always a
@@ -137,7 +138,7 @@ TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
   for (const double sink : {6.0, 8.0}) {
     Instance I = make_instance(c, base_seed() + 300);
     I.opt.null_logits.assign(2, sink);
-    SCOPED_TRACE("sinks " + std::to_string(sink));
+    SCOPED_TRACE(sink == 8.0 ? "sinks +8" : "sinks +6");
     const bool certain = sink == 8.0;
     const AttentionCotangents<float> df = cotangents<float>(I);
     const AttentionCotangents<double> dd = cotangents<double>(I);
@@ -152,13 +153,20 @@ TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
       SCOPED_TRACE(name_of(mu));
       const verify::CompareReport r32 = compare_float(
           I, fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), df, I.opt, mu, 64));
-      EXPECT_FALSE(r32.passed) << verify::format_report(r32);
-      if (certain) EXPECT_EQ(verify::verdict_word(r32), "FAIL-certain") << verify::format_report(r32);
+      // float32: the double oracle decides every element (none undecided); a FAIL at +6
+      index_t undecided32 = 0;
+      for (const auto& t : r32.tensors) undecided32 += t.undecided;
+      EXPECT_EQ(undecided32, 0) << verify::format_report(r32);
+      if (certain)
+        EXPECT_EQ(verify::verdict_word(r32), "FAIL-certain") << verify::format_report(r32);
+      else
+        EXPECT_TRUE(verify::verdict_word(r32) == "FAIL" || verify::verdict_word(r32) == "FAIL-certain")
+            << verify::format_report(r32);
       EXPECT_EQ(r32.mp50_rows, 0) << r32.oracle;
       const verify::CompareReport r64 =
           compare_grads(I, nudged(I, fa2_backward(I.q, I.k, I.v, dd, I.opt, mu, 64)), io::DType::f64, tight);
-      EXPECT_FALSE(r64.passed) << verify::format_report(r64);
-      if (certain) EXPECT_EQ(verify::verdict_word(r64), "FAIL-certain") << verify::format_report(r64);
+      // float64: lines near 1e-12 against errors of a share of p_null: FAIL-certain at both sinks
+      EXPECT_EQ(verify::verdict_word(r64), "FAIL-certain") << verify::format_report(r64);
       index_t undecided = 0;
       for (const auto& t : r64.tensors) undecided += t.undecided;
       EXPECT_GT(undecided, 0) << verify::format_report(r64);

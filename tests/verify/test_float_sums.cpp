@@ -156,6 +156,7 @@ TEST(FloatSums, SignedSumsAndScoreMagnitudesWithinTheirBounds) {
       }
     }
     std::printf("signed sums (%s): largest |err| / bound %.3f; score magnitudes: %.3f\n", G->isa, worst_x1, worst_q);
+    // (measured 0.25-0.45 for X1 and 0.59-0.74 for Q over the variants: the comparisons are not vacuous)
     EXPECT_GT(worst_x1, 0.05) << G->isa << ": the signed sums should round by a fair share of their bound";
     EXPECT_GT(worst_q, 0.05) << G->isa << ": the score magnitudes should round by a fair share of their bound";
   }

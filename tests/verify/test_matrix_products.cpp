@@ -112,7 +112,9 @@ TEST(MatrixProducts, DoubleWithinTheBoundInEveryForm) {
 
 TEST(MatrixProducts, EveryVariantsFloatKernelIsAMatrixProduct) {
   const std::vector<const k::Gemm*> variants = k::runnable_variants();
-  for (const Size s : {Size{1, 32, 1}, Size{13, 3 * k::kColumnQuantum, 300}, Size{70, k::kColumnQuantum, 513}}) {
+  // row counts of every residue modulo the variants' tile heights (AVX2 3, generic 4, AVX-512 6)
+  for (const Size s : {Size{1, 32, 1}, Size{13, 3 * k::kColumnQuantum, 300}, Size{14, k::kColumnQuantum, 77},
+                       Size{70, k::kColumnQuantum, 513}}) {
     const Case<float> c(s, 300 + s.M);
     std::vector<float> fused;  // the FMA variants sum in the same order: equal bit for bit
     for (const k::Gemm* g : variants) {

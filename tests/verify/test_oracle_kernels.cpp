@@ -49,8 +49,8 @@ TEST(OracleKernels, EveryVariantIsAMatrixProduct) {
 }
 
 // gemm_at reads A transposed: on every variant it gives the bits of gemm on A's transposed copy
-// (each element is the same multiply-add chain), for row tails of 1 to 5 rows and full tiles of 4
-// and 6 (the variants' MR), two column strips, K across a panel boundary (KB = 256) and both
+// (each element is the same multiply-add chain), for row tails of 1 to 5 rows and full tiles of 3,
+// 4 and 6 (the variants' MR: AVX2, generic, AVX-512), two column strips, K across a panel boundary (KB = 256) and both
 // accumulate modes.
 TEST(OracleKernels, TransposedAIsGemmOnTheTransposedCopy) {
   auto rng = oasis::test::make_rng(37);

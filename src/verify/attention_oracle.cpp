@@ -191,14 +191,11 @@ ElemBounds AttnRow::p_null_bounds(const bounds::Precision& pr) const {
 // pack_kv: attention_oracle_pack.cpp
 
 namespace {
-/// The blocks of AttnPacked::vx: v, |v|, v^2.
-enum class VCol { v = 0, abs = 1, squares = 2 };
-
 /// sum_j w_j y_jx over a row's keys kr in double, y from the packed values (column `col`): a float
 /// sum's replacement where its uncertainty exceeds fsum::kRedo.
 double double_sum(const AttnPacked& pk, KeyRange kr, const double* w, index_t x, VCol col) {
-  const index_t ld = 3 * pk.dvp;
-  const double* y = pk.vx.data() + kr.begin * ld + static_cast<index_t>(col) * pk.dvp + x;
+  const index_t ld = pk.row_len();
+  const double* y = pk.vx.data() + kr.begin * ld + pk.at(col) + x;
   double s = 0;
   for (index_t j = 0; j < kr.count(); ++j) s += w[j] * y[j * ld];
   return s;
@@ -312,8 +309,8 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   // mixing sums: [A; X1] = [P; W] V, Z = Zw V^2, V1 = P |V|, G1 = G |V| (without R: A = P V, V1
   // and G1)
   ws.out0.resize(static_cast<std::size_t>(2 * n * dvp));
-  const double* vx = pk.vx.data() + lo * 3 * dvp;
-  const index_t ldv = 3 * dvp;
+  const index_t ldv = pk.row_len();  // (vx and vf)
+  const double* vx = pk.vx.data() + lo * ldv;
   // the sums V1, G1, Z and X1 in float where the block's weights scale (float_sums.hpp): [P; G] |V|,
   // Zw V^2 and W V, each row of weights scaled by its own 2^e
   bool fs = pk.float_sums && fsum::subnormals_kept();
@@ -331,22 +328,22 @@ void fast_rows(const AttnCall& c, const AttnPacked& pk, index_t h, const index_t
   }
   // the rows of a block's window past hi hold zero weights; the products stop at L. A = P V in
   // double (and X1 = W V, [P; W] V, without the float sums; with them X1 is a float sum below)
-  g.gemm(ws.P3.data() + nL, Lp, vx, ldv, ws.out0.data(), dvp, mixR && !fs ? 2 * n : n, dvp, L, false);
+  g.gemm(ws.P3.data() + nL, Lp, vx + pk.at(VCol::v), ldv, ws.out0.data(), dvp, mixR && !fs ? 2 * n : n, dvp, L, false);
   if (fs) {
     ws.of1.resize(static_cast<std::size_t>(2 * n * dvp));
     ws.of2.resize(static_cast<std::size_t>(2 * n * dvp));
-    const float* vf = pk.vf.data() + lo * 3 * dvp;
-    g.gemm_f32(ws.wf.data(), Lp, vf, 3 * dvp, ws.of1.data(), dvp, 2 * n, dvp, L, false);
+    const float* vf = pk.vf.data() + lo * ldv;
+    g.gemm_f32(ws.wf.data(), Lp, vf + pk.at(VCol::abs), ldv, ws.of1.data(), dvp, 2 * n, dvp, L, false);
     if (mixR) {
-      g.gemm_f32(ws.wf.data() + 2 * nL, Lp, vf + dvp, 3 * dvp, ws.of2.data(), dvp, n, dvp, L, false);
-      g.gemm_f32(ws.wf.data() + 3 * nL, Lp, vf + 2 * dvp, 3 * dvp, ws.of2.data() + n * dvp, dvp, n, dvp, L, false);
+      g.gemm_f32(ws.wf.data() + 2 * nL, Lp, vf + pk.at(VCol::squares), ldv, ws.of2.data(), dvp, n, dvp, L, false);
+      g.gemm_f32(ws.wf.data() + 3 * nL, Lp, vf + pk.at(VCol::v), ldv, ws.of2.data() + n * dvp, dvp, n, dvp, L, false);
     }
   } else {
     ws.out1.resize(static_cast<std::size_t>(2 * n * dvp));
     ws.out2.resize(static_cast<std::size_t>(n * dvp));
-    if (mixR) g.gemm(ws.P3.data(), Lp, vx + 2 * dvp, ldv, ws.out2.data(), dvp, n, dvp, L, false);
-    g.gemm(ws.P3.data() + nL, Lp, vx + dvp, ldv, ws.out1.data(), dvp, n, dvp, L, false);
-    g.gemm(ws.G.data(), Lp, vx + dvp, ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
+    if (mixR) g.gemm(ws.P3.data(), Lp, vx + pk.at(VCol::squares), ldv, ws.out2.data(), dvp, n, dvp, L, false);
+    g.gemm(ws.P3.data() + nL, Lp, vx + pk.at(VCol::abs), ldv, ws.out1.data(), dvp, n, dvp, L, false);
+    g.gemm(ws.G.data(), Lp, vx + pk.at(VCol::abs), ldv, ws.out1.data() + n * dvp, dvp, n, dvp, L, false);
   }
   const bounds::Precision dp = own_precision();
   for (index_t r = 0; r < n; ++r) {

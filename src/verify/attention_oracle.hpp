@@ -117,6 +117,9 @@ struct AttnWorkspace {
   std::vector<bounds::ProbRow> prs;
 };
 
+/// The three blocks of a packed value row (AttnPacked::vx in double, vf in float), each dvp wide.
+enum class VCol { v = 0, abs = 1, squares = 2 };
+
 /// Packed keys and values of one (b, kv head) for the fast oracle.
 struct AttnPacked {
   index_t b = -1, hk = -1, tkp = 0, dvp = 0;
@@ -124,13 +127,16 @@ struct AttnPacked {
   /// Q = |q| |K|^T by a float sum (float_sums.hpp): every k in range and d_h <= kMaxTerms
   bool k_float = false;
   std::vector<float> ktaf;       ///< |K|^T in float (k_float only)
-  std::vector<double> vx;        ///< rows [V | |V| | V^2], each block dvp wide
+  std::vector<double> vx;        ///< rows [V | |V| | V^2] (VCol), each block dvp wide
   std::vector<double> vabs_prefix;  ///< [(Tk + 1) x d_v] prefix sums of |v|
   /// V1, G1, Z and X1 by float sums (float_sums.hpp): every v in range and Tk <= kMaxTerms
   bool float_sums = false;
-  std::vector<float> vf;            ///< rows [|V| | V^2 | V] in float, each block dvp wide (float_sums only)
+  std::vector<float> vf;            ///< vx in float (float_sums only)
   std::vector<std::int32_t> vnz_prefix;  ///< [(Tk + 1) x d_v] prefix counts of nonzero v (float_sums only)
   std::vector<double> vmax;         ///< [d_v] the largest |v| of each column (float_sums only)
+  /// The length of a packed value row (of vx and of vf), and the offset of block `c` within it.
+  index_t row_len() const { return 3 * dvp; }
+  index_t at(VCol c) const { return static_cast<index_t>(c) * dvp; }
 };
 void pack_kv(const AttnCall& c, index_t b, index_t hk, AttnPacked& pk);
 

@@ -14,8 +14,9 @@
 
 // A register tile of 3 rows x 4 vectors: 12 accumulators (independent multiply-add chains), one
 // broadcast of A per 4 multiply-adds; with B's 4 vectors it needs more than the 16 ymm registers,
-// so the compiler reads some of B from the packed panel as memory operands. On the AVX2 EPYC host it ran the oracle's products 13-32% faster than
-// 4 x 2 (BM_OracleGemm, docs/benchmarks.md "Failing fast"); 6 x 2, 8 x 1, 2 x 4 and 4 x 4 were slower.
+// so the compiler reads some of B from the packed panel as memory operands. On the AVX2 EPYC host
+// it ran the oracle's products 13-32% faster than 4 x 2 (BM_OracleGemm, docs/benchmarks.md
+// "Failing fast"); 6 x 2, 8 x 1, 2 x 4 and 4 x 4 were slower.
 namespace oasis::verify::kernels::avx2_impl {
 namespace f64 {
 using T = double;

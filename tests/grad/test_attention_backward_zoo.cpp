@@ -135,6 +135,11 @@ TEST(AttentionBackwardZoo, EveryMutantFailsBothChecks) {
 TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
   Case c{"fail_fast", 1, 2, 1, 8, 4096, 16, 16};
   c.dlse = c.dp_null = true;
+  auto undecided_in = [](const verify::CompareReport& r) {
+    index_t n = 0;
+    for (const auto& t : r.tensors) n += t.undecided;
+    return n;
+  };
   for (const double sink : {6.0, 8.0}) {
     Instance I = make_instance(c, base_seed() + 300);
     I.opt.null_logits.assign(2, sink);
@@ -154,28 +159,24 @@ TEST(AttentionBackwardZoo, GrossMutantsFailFastOver4096Keys) {
       const verify::CompareReport r32 = compare_float(
           I, fa2_backward(I.q.cast<float>(), I.k.cast<float>(), I.v.cast<float>(), df, I.opt, mu, 64));
       // float32: the double oracle decides every element (none undecided); a FAIL at +6
-      index_t undecided32 = 0;
-      for (const auto& t : r32.tensors) undecided32 += t.undecided;
-      EXPECT_EQ(undecided32, 0) << verify::format_report(r32);
+      const std::string v32 = verify::verdict_word(r32);
+      EXPECT_EQ(undecided_in(r32), 0) << verify::format_report(r32);
       if (certain)
-        EXPECT_EQ(verify::verdict_word(r32), "FAIL-certain") << verify::format_report(r32);
+        EXPECT_EQ(v32, "FAIL-certain") << verify::format_report(r32);
       else
-        EXPECT_TRUE(verify::verdict_word(r32) == "FAIL" || verify::verdict_word(r32) == "FAIL-certain")
-            << verify::format_report(r32);
+        EXPECT_TRUE(v32 == "FAIL" || v32 == "FAIL-certain") << verify::format_report(r32);
       EXPECT_EQ(r32.mp50_rows, 0) << r32.oracle;
       const verify::CompareReport r64 =
           compare_grads(I, nudged(I, fa2_backward(I.q, I.k, I.v, dd, I.opt, mu, 64)), io::DType::f64, tight);
       // float64: lines near 1e-12 against errors of a share of p_null: FAIL-certain at both sinks
       EXPECT_EQ(verify::verdict_word(r64), "FAIL-certain") << verify::format_report(r64);
-      index_t undecided = 0;
-      for (const auto& t : r64.tensors) undecided += t.undecided;
-      EXPECT_GT(undecided, 0) << verify::format_report(r64);
+      EXPECT_GT(undecided_in(r64), 0) << verify::format_report(r64);
       EXPECT_EQ(r64.mp50_rows, 0) << r64.oracle;
       EXPECT_EQ(r64.mp50_work, 0.0);
       double worst = 0;
       for (const auto& t : r32.tensors) worst = std::max(worst, t.worst_ratio_certain);
-      std::printf("sinks %+.0f, %-40s float32: %s, largest err / certain line %.3g\n", sink, name_of(mu),
-                  verify::verdict_word(r32).c_str(), worst);
+      std::printf("sinks %+.0f, %-40s float32: %s, largest err / certain line %.3g\n", sink, name_of(mu), v32.c_str(),
+                  worst);
     }
   }
 }

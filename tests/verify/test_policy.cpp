@@ -23,6 +23,16 @@ using oasis::Tensor;
 
 namespace {
 
+/// How far the fast oracle's worst ratios may lie from the mp50 oracle's, relative
+/// (docs/tolerances.md, "The fast oracle"): 1e-9 for its double evaluation; gamma_{d_h+2} for its
+/// float Q_j, which every bound is affine in; for `out`, gamma_{keys+3} for its float V1, G1 and Z
+/// (the worst-case line is linear in V1 and G1, and Z is the largest of R^2's terms, at most a few
+/// R^2 on Gaussian data) and another for X1, which moves R^2 by at most gamma (A^2 sw + Z), where
+/// R^2 does not cancel (where it does, the worst ratio is known to rho_out only).
+double fast_oracle_rel(index_t d_h, index_t keys, bool out) {
+  return 1e-9 + fsum::gamma(d_h + 2) + (out ? 2.0 * fsum::gamma(keys + 3) : 0.0);
+}
+
 io::json::Value options_of(const zoo::Case& c) { return io::json::parse(zoo::options_json(c)); }
 
 zoo::Result run_impl(const zoo::Impl& im, const zoo::Case& c, io::DType d) {
@@ -213,16 +223,8 @@ TEST(ComparePolicy, BoundsAreTheDefinitions) {
                                     : std::min(certain, 0.5 * io::dtype_ulp(io::DType::f32, rd) + 1.02 * verify::kLambda * u * R[i]);
           if (policy > 0) worst = std::max(worst, err / policy);
         }
-        // the fast oracle's V1, G1 and Z are float sums of at most 11 keys, within gamma_14(2^-24) of
-        // their values (src/verify/float_sums.hpp): so is the worst-case line of out, linear in V1
-        // and G1, and R where R^2 does not cancel (Z, the largest of its terms, at most a few R^2, as
-        // on this case's Gaussian data; where it cancels the worst ratio is known to rho_out only).
-        // Its scores' magnitudes Q_j are float sums of d_h terms, within gamma_{d_h+2}, and every
-        // tensor's bounds within that of their values at the exact Q_j (docs/tolerances.md)
-        // and X1, a float sum as well, moves R^2 by at most gamma_14 (A^2 sw + Z) (float_sums.hpp):
-        // R's share of that is another gamma_14 where R^2 does not cancel
-        const bool fast = oracle == verify::Oracle::fast;
-        const double rel = 1e-9 + (fast ? fsum::gamma(q.dim(3) + 2) : 0.0) + (fast && t.name == "out" ? 2.0 * fsum::gamma(11 + 3) : 0.0);
+        // (rows of at most 11 keys)
+        const double rel = oracle == verify::Oracle::fast ? fast_oracle_rel(q.dim(3), 11, t.name == "out") : 1e-9;
         EXPECT_NEAR(t.worst_ratio, worst, rel * std::max(worst, 1e-3)) << to_string(pol) << " " << to_string(oracle) << " " << t.name;
       }
     }
@@ -243,8 +245,8 @@ TEST(ComparePolicy, GrossMistakeIsFailCertain) {
 // policy: on a case with GQA, padding and sinks, for f32, bf16 and f64 outputs (f64: the library's
 // double reference, whose errors are of the order of the double oracle's own error, so that under
 // the probabilistic policy its rows are recomputed in mp50), and for f32 and bf16 the same worst
-// ratios to the fast oracle's float sums' uncertainty (Q: gamma_{d_h+2}; V1, G1, Z and X1 of at most
-// 13 keys: 2 gamma_16, as in BoundsAreTheDefinitions) relative to the larger of 1 and the ratio
+// ratios to the fast oracle's float sums' uncertainty (fast_oracle_rel) relative to the larger of 1
+// and the ratio
 // (its reference is within ~1e-16 of the exact one, the errors are ~1e-8; for f64 the two differ by
 // as much as the errors themselves).
 TEST(ComparePolicy, FastOracleAgreesWithMp50) {
@@ -290,7 +292,7 @@ TEST(ComparePolicy, FastOracleAgreesWithMp50) {
           EXPECT_EQ(a.violations, b.violations) << what << " " << a.name;
           EXPECT_EQ(a.violations_certain, b.violations_certain) << what << " " << a.name;
           if (d == io::DType::f64) continue;
-          const double rel = 1e-9 + fsum::gamma(c.q.dim(3) + 2) + 2.0 * fsum::gamma(13 + 3);
+          const double rel = fast_oracle_rel(c.q.dim(3), 13, a.name == "out");  // (rows of at most 13 keys)
           EXPECT_NEAR(a.worst_ratio, b.worst_ratio, rel * std::max(1.0, b.worst_ratio)) << what << " " << a.name;
           EXPECT_NEAR(a.worst_ratio_certain, b.worst_ratio_certain, rel * std::max(1.0, b.worst_ratio_certain))
               << what << " " << a.name;
